@@ -83,10 +83,14 @@ def _print_report(report: dict[str, Any]) -> None:
     print(f"tokens          {report['tokens']}  ({roles})")
     print(f"blocks          {report['blocks']}")
     print(f"policy          {report['policy']}")
-    print(f"peak KV tokens  full {report['peak_kv_full']}  memento {report['peak_kv_memento']}"
-          f"  ratio {report['peak_kv_ratio']:.3f}")
-    print(f"KV AUC          full {report['kv_auc_full']:.0f}  memento {report['kv_auc_memento']:.0f}"
-          f"  ratio {report['auc_ratio']:.3f}")
+    print(
+        f"peak KV tokens  full {report['peak_kv_full']}  memento {report['peak_kv_memento']}"
+        f"  ratio {report['peak_kv_ratio']:.3f}"
+    )
+    print(
+        f"KV AUC          full {report['kv_auc_full']:.0f}  memento {report['kv_auc_memento']:.0f}"
+        f"  ratio {report['auc_ratio']:.3f}"
+    )
     if "png" in report:
         print(f"mask drawn to   {report['png']}")
 
@@ -94,7 +98,9 @@ def _print_report(report: dict[str, Any]) -> None:
 def cmd_mask(args: argparse.Namespace) -> int:
     samples = load_samples(args.trace)
     if not 0 <= args.index < len(samples):
-        raise SystemExit(f"error: --index {args.index} out of range: {args.trace} holds {len(samples)} samples")
+        raise SystemExit(
+            f"error: --index {args.index} out of range: {args.trace} holds {len(samples)} samples"
+        )
     sample = samples[args.index]
     tokenizer = _load_tokenizer(args.tokenizer, args.gguf_file, sample)
     report = mask_report(sample, tokenizer, _policy(args), args.png)
@@ -113,7 +119,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _add_mask_args(p: argparse.ArgumentParser, png_default: str | None) -> None:
-    p.add_argument("--tokenizer", help="HF hub name or local dir (default: a BPE tokenizer trained on the trace)")
+    p.add_argument(
+        "--tokenizer", help="HF hub name or local dir (default: a BPE tokenizer trained on the trace)"
+    )
     p.add_argument("--gguf-file", help="GGUF file inside --tokenizer's directory")
     p.add_argument("--keep-last-n-blocks", type=int, default=0, help="finished blocks that stay visible")
     p.add_argument("--mask-delimiters", action="store_true", help="evict block tags with their content")
@@ -126,7 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="memento-train", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("mask", help="apply the visibility rule to a trace: KV accounting and a PNG")
-    p.add_argument("--trace", required=True, help=".json/.jsonl sample(s), an example JSON, or a raw response")
+    p.add_argument(
+        "--trace", required=True, help=".json/.jsonl sample(s), an example JSON, or a raw response"
+    )
     p.add_argument("--index", type=int, default=0, help="which sample of the file")
     _add_mask_args(p, None)
     p.set_defaults(func=cmd_mask)

@@ -95,18 +95,21 @@ class Sample:
         self.mementos = [m.strip() for m in self.mementos]
         self.answer = self.answer.strip()
 
-    def validate(self, where: str = "") -> Sample:
-        """Raise MementoFormatError unless the sample renders into a parseable trace."""
+    def validate(self, where: str = "", require_problem: bool = True) -> Sample:
+        """Raise MementoFormatError unless the sample renders into a parseable trace
+        (and, for training data, has a problem to condition on)."""
 
         def fail(problem: str) -> None:
             raise MementoFormatError(problem, where=where)
 
-        if not self.problem:
+        if require_problem and not self.problem:
             fail("field 'problem' is empty")
         if not self.blocks:
             fail("field 'blocks' is empty: a memento trace needs at least one block")
         if len(self.blocks) != len(self.mementos):
-            fail(f"{len(self.blocks)} blocks but {len(self.mementos)} mementos: every block needs one memento")
+            fail(
+                f"{len(self.blocks)} blocks but {len(self.mementos)} mementos: every block needs one memento"
+            )
         for kind, texts in (("blocks", self.blocks), ("mementos", self.mementos)):
             for i, text in enumerate(texts):
                 if not text:
@@ -133,7 +136,7 @@ class Sample:
 
 def render_response(sample: Sample) -> str:
     """The canonical assistant turn: one tag layout, whatever the source's whitespace was."""
-    sample.validate()
+    sample.validate(require_problem=False)
     parts = [THINK_START]
     for block, memento in zip(sample.blocks, sample.mementos, strict=True):
         parts.append(f"{BLOCK_START}{block}{BLOCK_END}")
@@ -142,7 +145,9 @@ def render_response(sample: Sample) -> str:
     return "\n".join(parts) + "\n\n" + sample.answer
 
 
-def parse_response(text: str, problem: str = "", meta: dict[str, Any] | None = None, where: str = "") -> Sample:
+def parse_response(
+    text: str, problem: str = "", meta: dict[str, Any] | None = None, where: str = ""
+) -> Sample:
     """Parse an assistant turn (OpenMementos `response`, generated text) into a Sample.
 
     Whitespace around tags is free; everything else must follow the grammar, and the first
@@ -165,7 +170,11 @@ def parse_response(text: str, problem: str = "", meta: dict[str, Any] | None = N
         tag, at = match.group(), match.start()
         between = text[cursor:at]
         if state in ("start", "think", "after_block") and between.strip():
-            where_text = "before <think>" if state == "start" and tag == THINK_START else "outside any block or memento"
+            where_text = (
+                "before <think>"
+                if state == "start" and tag == THINK_START
+                else "outside any block or memento"
+            )
             fail(f"stray text {where_text}", cursor + len(between) - len(between.lstrip()))
         if state == "done":
             fail(f"tag {tag} after </think>: the answer must not contain format tags", at)
@@ -275,8 +284,12 @@ def sample_from_record(record: Any, where: str = "") -> Sample:
         if not all(isinstance(x, str) for x in [*record["blocks"], *record["mementos"]]):
             raise MementoFormatError("'blocks' and 'mementos' must be lists of strings", where=where)
         meta = dict(record.get("meta") or {})
-        meta.update({k: v for k, v in record.items() if k not in ("problem", "blocks", "mementos", "answer", "meta")})
-        return Sample(record["problem"], record["blocks"], record["mementos"], record["answer"], meta).validate(where)
+        meta.update(
+            {k: v for k, v in record.items() if k not in ("problem", "blocks", "mementos", "answer", "meta")}
+        )
+        return Sample(
+            record["problem"], record["blocks"], record["mementos"], record["answer"], meta
+        ).validate(where)
     if "response" in record:
         meta = {k: v for k, v in record.items() if k not in ("problem", "response")}
         sample = parse_response(record["response"], str(record.get("problem", "")), meta, where)
@@ -314,7 +327,9 @@ def load_samples(path: str, where_prefix: str | None = None) -> list[Sample]:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as err:
-                raise MementoFormatError(f"invalid JSON: {err.msg} (column {err.colno})", where=f"{name}:{lineno}") from None
+                raise MementoFormatError(
+                    f"invalid JSON: {err.msg} (column {err.colno})", where=f"{name}:{lineno}"
+                ) from None
             samples.append(sample_from_record(record, where=f"{name}:{lineno}"))
         return samples
     if file.suffix == ".json":
@@ -325,4 +340,4 @@ def load_samples(path: str, where_prefix: str | None = None) -> list[Sample]:
         if isinstance(data, list):
             return [sample_from_record(r, where=f"{name}[{i}]") for i, r in enumerate(data)]
         return [sample_from_record(data, where=name)]
-    return [parse_response(text, where=name).validate(name)]
+    return [parse_response(text, where=name)]  # a raw assistant turn: no problem attached

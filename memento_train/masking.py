@@ -144,7 +144,9 @@ def evicted(expiry_values: torch.Tensor, query_pos: int | torch.Tensor) -> torch
     return expiry_values <= query_pos
 
 
-def dense_mask_from_expiry(expiry_values: torch.Tensor, document_ids: torch.Tensor | None = None) -> torch.Tensor:
+def dense_mask_from_expiry(
+    expiry_values: torch.Tensor, document_ids: torch.Tensor | None = None
+) -> torch.Tensor:
     """[.., S, S] bool, True = query row may attend key column."""
     size = expiry_values.shape[-1]
     pos = torch.arange(size, device=expiry_values.device)
@@ -175,38 +177,52 @@ def _padded(x: torch.Tensor, length: int, value: int) -> torch.Tensor:
     return torch.nn.functional.pad(x, (0, length - x.shape[-1]), value=value)
 
 
-def mask_mod(expiry_values: torch.Tensor, document_ids: torch.Tensor | None = None, block_size: int = FLEX_BLOCK_SIZE):
-    """A FlexAttention mask_mod for a [B, S] batch of expiries.
-
-    It closes over tensors only (a Python int would recompile every step) padded to a multiple of
-    the block size, so indices in the last partial tile stay in bounds; padding never matches.
-    """
-    exp = _rows(expiry_values)
-    size = exp.shape[-1]
-    padded = -(-size // block_size) * block_size
-    exp = _padded(exp, padded, 0)
-    docs = _padded(_rows(document_ids), padded, -1) if document_ids is not None else torch.zeros_like(exp)
-    docs = torch.where(torch.arange(padded, device=exp.device) < size, docs, -1)
-    doc_q = torch.where(torch.arange(padded, device=exp.device) < size, docs, -2)  # pads see nothing
-
-    def memento_mask_mod(b, h, q_idx, kv_idx):
-        return (kv_idx <= q_idx) & (q_idx < exp[b, kv_idx]) & (doc_q[b, q_idx] == docs[b, kv_idx])
-
-    return memento_mask_mod
-
-
 def _document_ends(docs: torch.Tensor) -> torch.Tensor:
     """For each position, the index one past the end of its document (documents must be contiguous)."""
     size = docs.shape[-1]
     change = torch.ones(size, dtype=torch.bool, device=docs.device)
     change[1:] = docs[1:] != docs[:-1]
     starts = torch.nonzero(change).flatten()
-    run_docs = docs[starts]
-    if run_docs.unique().numel() != run_docs.numel():
+    if docs[starts].unique().numel() != starts.numel():
         raise ValueError("document_ids must form contiguous runs (one run per packed document)")
     ends = torch.cat([starts[1:], torch.tensor([size], device=docs.device)])
-    run_of = torch.cumsum(change.long(), 0) - 1
-    return ends[run_of]
+    return ends[torch.cumsum(change.long(), 0) - 1]
+
+
+def visible_until(expiry_values: torch.Tensor, document_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """[B, S] int32: key k is visible exactly to queries k <= q < visible_until[k].
+
+    With contiguous packed documents, ``same_document(q, k) and k <= q`` is ``k <= q < end of k's
+    document``, so the document test folds into the expiry: one int32 per token is the whole rule.
+    """
+    exp = _rows(expiry_values)
+    size = exp.shape[-1]
+    ends = torch.full_like(exp, size)
+    if document_ids is not None:
+        docs = _rows(document_ids).to(exp.device)
+        ends = torch.stack([_document_ends(docs[b]) for b in range(exp.shape[0])])
+    return torch.minimum(exp, ends).to(torch.int32)
+
+
+def mask_mod(
+    expiry_values: torch.Tensor, document_ids: torch.Tensor | None = None, block_size: int = FLEX_BLOCK_SIZE
+):
+    """A FlexAttention mask_mod for a [B, S] batch of expiries.
+
+    It closes over one int32 tensor (a Python int would recompile every step), padded to a
+    multiple of the tile size with 0 so indices in the last partial tile stay in bounds and
+    padding keys are never visible.
+    """
+    return _mask_mod_from_until(visible_until(expiry_values, document_ids), block_size)
+
+
+def _mask_mod_from_until(until: torch.Tensor, block_size: int):
+    until = _padded(until, -(-until.shape[-1] // block_size) * block_size, 0)
+
+    def memento_mask_mod(b, h, q_idx, kv_idx):
+        return (kv_idx <= q_idx) & (q_idx < until[b, kv_idx])
+
+    return memento_mask_mod
 
 
 def _ordered(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -223,32 +239,31 @@ def block_mask_from_expiry(
 ):
     """A FlexAttention BlockMask, built from the rule's structure instead of S² mask evaluations.
 
-    Key k is visible exactly to the query interval [k, min(expiry[k], end of k's document)), so a
-    tile below the diagonal is non-empty iff the largest interval end reaches its first query and
-    full iff the smallest reaches past its last; diagonal tiles are partial. Tiles that hold
-    padding are never full, as in `create_block_mask`, whose result this equals (tested).
+    Key k is visible exactly to the query interval [k, visible_until[k]), so a tile below the
+    diagonal is non-empty iff the largest interval end in its key tile passes its first query,
+    and full iff the smallest reaches its last; diagonal tiles are partial. Tiles holding padding
+    are never full, as in `create_block_mask`, whose result this equals (tested).
     """
     from torch.nn.attention.flex_attention import BlockMask
 
     device = torch.device(device) if device is not None else expiry_values.device
     exp = _rows(expiry_values).to(device)
-    batch, size = exp.shape
+    docs = _rows(document_ids).to(device) if document_ids is not None else None
+    size = exp.shape[-1]
     tiles = -(-size // block_size)
-    padded = tiles * block_size
-    docs = _rows(document_ids).to(device) if document_ids is not None else torch.zeros_like(exp)
-    hi = torch.stack([torch.minimum(exp[b], _document_ends(docs[b])) for b in range(batch)])
-    hi = _padded(hi, padded, 0).view(batch, tiles, block_size)  # padding keys: empty interval
-    max_hi, min_hi = hi.max(-1).values, hi.min(-1).values  # [B, T] per key tile
+    until = visible_until(exp, docs)
+    ends = _padded(until, tiles * block_size, 0).view(exp.shape[0], tiles, block_size)  # padding: empty
+    max_end, min_end = ends.max(-1).values, ends.min(-1).values  # [B, T] per key tile
     first_q = torch.arange(tiles, device=device) * block_size
     last_q = torch.clamp(first_q + block_size, max=size)  # one past the last real query of the tile
-    below = torch.arange(tiles, device=device)[:, None] > torch.arange(tiles, device=device)[None, :]
-    diagonal = torch.eye(tiles, dtype=torch.bool, device=device)
-    any_visible = (below & (max_hi[:, None, :] > first_q[None, :, None])) | diagonal
+    tile = torch.arange(tiles, device=device)
+    below = tile[:, None] > tile[None, :]  # [q tile, kv tile]
+    diagonal = tile[:, None] == tile[None, :]
+    any_visible = (below & (max_end[:, None, :] > first_q[None, :, None])) | diagonal
     whole = torch.ones(tiles, dtype=torch.bool, device=device)
     whole[-1] = size % block_size == 0
-    full = below & (min_hi[:, None, :] >= last_q[None, :, None]) & whole[None, :, None] & whole[None, None, :]
-    partial = any_visible & ~full
-    kv_num, kv_idx = _ordered(partial.unsqueeze(1))
+    full = below & (min_end[:, None, :] >= last_q[None, :, None]) & whole[:, None] & whole[None, :]
+    kv_num, kv_idx = _ordered((any_visible & ~full).unsqueeze(1))
     full_num, full_idx = _ordered(full.unsqueeze(1))
     return BlockMask.from_kv_blocks(
         kv_num,
@@ -256,7 +271,7 @@ def block_mask_from_expiry(
         full_num,
         full_idx,
         BLOCK_SIZE=block_size,
-        mask_mod=mask_mod(exp, docs if document_ids is not None else None, block_size),
+        mask_mod=_mask_mod_from_until(until, block_size),
         seq_lengths=(size, size),
     )
 
@@ -293,8 +308,10 @@ def attention_mask_for(
             if "flash" in backend
             else ""
         )
-        raise MaskBackendError(f"attention backend {backend!r} cannot take a memento mask; use one of "
-                               f"{', '.join(SUPPORTED_BACKENDS)}.{hint}")
+        raise MaskBackendError(
+            f"attention backend {backend!r} cannot take a memento mask; use one of "
+            f"{', '.join(SUPPORTED_BACKENDS)}.{hint}"
+        )
     ids = _rows(input_ids)
     docs = _rows(document_ids) if document_ids is not None else None
     if backend == "flex_attention":
@@ -318,6 +335,8 @@ def check_mask_for_backend(mask, backend: str) -> None:
     if backend == "flex_attention":
         raise MaskBackendError("flex_attention needs a BlockMask; a tensor mask would be added to the scores")
     if backend == "eager" and mask.dtype == torch.bool:
-        raise MaskBackendError("eager adds the mask to the scores: a bool mask must be converted with additive_mask()")
+        raise MaskBackendError(
+            "eager adds the mask to the scores: a bool mask must be converted with additive_mask()"
+        )
     if backend == "sdpa" and mask.dtype != torch.bool:
         raise MaskBackendError("pass sdpa the bool mask (True = may attend), not an additive one")

@@ -43,7 +43,9 @@ FALLBACK_CHAT_TEMPLATE = (
 def _word_mean(tokenizer: Any, weight: torch.Tensor, words: tuple[str, ...]) -> torch.Tensor:
     vectors = []
     for word in words:
-        ids = sorted({i for variant in (word, " " + word) for i in tokenizer.encode(variant, add_special_tokens=False)})
+        ids = sorted(
+            {i for variant in (word, " " + word) for i in tokenizer.encode(variant, add_special_tokens=False)}
+        )
         ids = [i for i in ids if i < weight.shape[0]]
         if ids:
             vectors.append(weight[ids].float().mean(0))
@@ -108,7 +110,9 @@ def render_chat(sample: Sample, tokenizer: Any) -> tuple[str, str]:
     response = render_response(sample)
     template = chat_template_of(tokenizer)
     user = [{"role": "user", "content": sample.problem}]
-    prompt = tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True, chat_template=template)
+    prompt = tokenizer.apply_chat_template(
+        user, tokenize=False, add_generation_prompt=True, chat_template=template
+    )
     full = tokenizer.apply_chat_template(
         [*user, {"role": "assistant", "content": response}], tokenize=False, chat_template=template
     )
@@ -135,7 +139,9 @@ PROMPT, THINK, BLOCK, BLOCK_TAG, GAP, MEMENTO, MEMENTO_TAG, ANSWER = (
 ROLES = (PROMPT, THINK, BLOCK, BLOCK_TAG, GAP, MEMENTO, MEMENTO_TAG, ANSWER)
 
 
-def token_roles(input_ids: list[int] | torch.Tensor, tokens: MementoTokens, prompt_len: int | None = None) -> list[str]:
+def token_roles(
+    input_ids: list[int] | torch.Tensor, tokens: MementoTokens, prompt_len: int | None = None
+) -> list[str]:
     """The role of each token of one document. Without `prompt_len`, the prompt ends at <think>
     (or at the first block when there is no <think>)."""
     ids = input_ids.tolist() if isinstance(input_ids, torch.Tensor) else list(input_ids)

@@ -15,8 +15,9 @@ from .tokens import FALLBACK_CHAT_TEMPLATE
 CONTROL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>")
 
 
-def build_tokenizer(corpus: Iterable[str], vocab_size: int = 1024):
-    """A deterministic BPE tokenizer for `corpus`, with the memento tags and ChatML control tokens."""
+def build_tokenizer(corpus: Iterable[str], vocab_size: int = 1024, with_tags: bool = True):
+    """A deterministic BPE tokenizer for `corpus` with ChatML control tokens and (unless
+    `with_tags=False`, as for a base model) the memento tags."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -25,7 +26,7 @@ def build_tokenizer(corpus: Iterable[str], vocab_size: int = 1024):
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=[*CONTROL_TOKENS, *ALL_TAGS],
+        special_tokens=[*CONTROL_TOKENS, *(ALL_TAGS if with_tags else ())],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )

@@ -6,7 +6,9 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCau
 ARCHS = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}
 
 
-def tiny_model(arch: str, attn_implementation: str = "sdpa", vocab_size: int = 64, seed: int = 0, layers: int = 2):
+def tiny_model(
+    arch: str, attn_implementation: str = "sdpa", vocab_size: int = 64, seed: int = 0, layers: int = 2
+):
     config_cls, model_cls = ARCHS[arch]
     config = config_cls(
         vocab_size=vocab_size,

@@ -43,7 +43,9 @@ def test_flex_blockmask_forward_equals_sdpa_dense(arch):
     partial, full = bm.kv_num_blocks.sum().item(), bm.full_kv_num_blocks.sum().item()
     assert partial and full and partial + full < 2 * 6, "batch must exercise full, partial and empty tiles"
     flex = _logits(tiny_model(arch, "flex_attention"), ids, bm, docs)
-    sdpa = _logits(tiny_model(arch, "sdpa"), ids, attention_mask_for("sdpa", ids, TOK, MaskPolicy(), docs), docs)
+    sdpa = _logits(
+        tiny_model(arch, "sdpa"), ids, attention_mask_for("sdpa", ids, TOK, MaskPolicy(), docs), docs
+    )
     torch.testing.assert_close(flex, sdpa, atol=1e-5, rtol=1e-5)
 
 
@@ -70,7 +72,9 @@ def test_evicted_block_content_cannot_reach_later_logits(arch):
     other[0, 131:250] = torch.randint(10, 60, (119,), generator=torch.Generator().manual_seed(1))
 
     def logits(model, policy):
-        return [_logits(model, x, attention_mask_for("sdpa", x, TOK, policy, docs), docs) for x in (ids, other)]
+        return [
+            _logits(model, x, attention_mask_for("sdpa", x, TOK, policy, docs), docs) for x in (ids, other)
+        ]
 
     memento = logits(tiny_model(arch, "sdpa", layers=1), MaskPolicy())
     causal = logits(tiny_model(arch, "sdpa", layers=1), None)
@@ -90,7 +94,9 @@ def test_backend_dispatch_types():
     assert torch.equal(sdpa[:, 0], dense_mask(ids, TOK, document_ids=docs))
     check_mask_for_backend(sdpa, "sdpa")
     check_mask_for_backend(eager, "eager")
-    check_mask_for_backend(attention_mask_for("flex_attention", ids, TOK, document_ids=docs), "flex_attention")
+    check_mask_for_backend(
+        attention_mask_for("flex_attention", ids, TOK, document_ids=docs), "flex_attention"
+    )
 
 
 @pytest.mark.parametrize(

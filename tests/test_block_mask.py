@@ -47,8 +47,9 @@ def test_structural_block_mask_equals_create_block_mask(sample, policy, block):
     exp = expiry(ids, TOK, policy, doc_ids)[None]
     docs = doc_ids[None]
     ours = block_mask_from_expiry(exp, docs, "cpu", block)
-    reference = create_block_mask(mask_mod(exp, docs, block), 1, None, len(ids), len(ids), device="cpu",
-                                  BLOCK_SIZE=block)
+    reference = create_block_mask(
+        mask_mod(exp, docs, block), 1, None, len(ids), len(ids), device="cpu", BLOCK_SIZE=block
+    )
     assert _tile_sets(ours) == _tile_sets(reference)
     assert torch.equal(ours.to_dense(), reference.to_dense())
 

@@ -119,7 +119,12 @@ def test_summary_binds_to_most_recent_block_without_memento():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"keep_last_n_blocks": -1}, {"keep_last_n_blocks": 1.5}, {"keep_last_n_blocks": True}, {"mask_delimiters": 1}],
+    [
+        {"keep_last_n_blocks": -1},
+        {"keep_last_n_blocks": 1.5},
+        {"keep_last_n_blocks": True},
+        {"mask_delimiters": 1},
+    ],
 )
 def test_policy_validation(kwargs):
     with pytest.raises((TypeError, ValueError)):
