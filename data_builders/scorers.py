@@ -6,6 +6,7 @@ scores the boundary between sentence i and sentence i + 1.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from typing import Protocol
@@ -29,7 +30,9 @@ _STRONG = re.compile(
     r"(?:First|Second|Third|Finally)\b|On the other hand|Moving on)",
     re.IGNORECASE,
 )
-_WEAK = re.compile(r"^(?:\W*)(?:Now|So|Then|But|Also|Let me|Let's|I need|We need|Maybe|Perhaps)\b", re.IGNORECASE)
+_WEAK = re.compile(
+    r"^(?:\W*)(?:Now|So|Then|But|Also|Let me|Let's|I need|We need|Maybe|Perhaps)\b", re.IGNORECASE
+)
 _COMPUTATION_END = re.compile(r"(?:=\s*[-+]?\d[\d.,/]*|\\boxed\{[^}]*\})\s*(?:\\\)|\$)?\s*[.!]?$")
 _LIST_ITEM = re.compile(r"^(?:[-*+•]|\d{1,3}[.)]|[a-z][.)])\s")
 _MID_CALCULATION = re.compile(r"(?:[:=+\-*/×·^(\[{,]|\\cdot|\\times|\\frac)\s*$")
@@ -44,7 +47,7 @@ class HeuristicScorer:
 
     def __call__(self, text: str, sentences: list[Sentence]) -> list[int]:
         scores = []
-        for prev, cur in zip(sentences, sentences[1:], strict=False):
+        for prev, cur in itertools.pairwise(sentences):
             before = text[max(prev.start, prev.end - 80) : prev.end].rstrip()  # only the tail matters
             after = text[cur.start : min(cur.end, cur.start + 80)].lstrip()
             if _MID_CALCULATION.search(before) or _CALCULATION_START.match(after) or _LIST_ITEM.match(after):

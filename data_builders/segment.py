@@ -51,7 +51,11 @@ def _valid(cuts, prefix, min_tokens, max_tokens) -> bool:
 
 
 def segment_brute_force(
-    sizes: list[int], scores: list[int], min_tokens: int = 200, max_tokens: int | None = None, lam: float = LAMBDA
+    sizes: list[int],
+    scores: list[int],
+    min_tokens: int = 200,
+    max_tokens: int | None = None,
+    lam: float = LAMBDA,
 ) -> Segmentation | None:
     """The exact optimum by enumeration (2^(n-1) candidates; small inputs only)."""
     n = len(sizes)

@@ -143,6 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="draw the mask of the example trace shipped with the package")
     _add_mask_args(p, "memento_mask.png")
     p.set_defaults(func=cmd_demo)
+    from data_builders.cli import add_build_parser, add_stats_parser
+
+    add_build_parser(sub)
+    add_stats_parser(sub)
     return parser
 
 
