@@ -217,21 +217,22 @@ def run_build(
     from tqdm import tqdm
 
     out = Output(output, config.checkpoint_every)
-    seen: set[str] = set()
+    seen: dict[str, int] = {}  # id -> times seen in this input
     skipped = 0
 
     def pending() -> Iterator[RawTrace]:
         nonlocal skipped
         for item in items:
             trace_id, payload = _identify(item)
+            if trace_id in seen:  # rejected under its own id, so that a resumed run skips it too
+                seen[trace_id] += 1
+                trace_id = f"{trace_id}#duplicate{seen[_identify(item)[0]] - 1}"
+                payload = Reject(trace_id, "load", "duplicate id: an earlier record has the same id")
+            else:
+                seen[trace_id] = 1
             if trace_id in out.done:
                 skipped += 1
-                continue
-            if trace_id in seen:
-                out.write(Reject(trace_id, "load", "duplicate id: an earlier record has the same id"))
-                continue
-            seen.add(trace_id)
-            if isinstance(payload, RawTrace):
+            elif isinstance(payload, RawTrace):
                 yield payload
             elif isinstance(payload, Reject):
                 out.write(payload)

@@ -7,6 +7,7 @@ never disappears; it becomes a reject naming where it came from and why.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,6 +74,23 @@ def split_think(text: str) -> tuple[str, str]:
     return text.strip(), ""
 
 
+_FINAL_ANSWER = re.compile(r"\n[ \t]*(?:\*\*|#+ *)?Final Answer(?:\*\*)?:?(?:\*\*)?[ \t]*\n?", re.IGNORECASE)
+_BOXED_LINE = re.compile(r"^.*\\boxed\{.*$", re.MULTILINE)
+
+
+def split_final_answer(reasoning: str) -> tuple[str, str]:
+    """Traces that put the answer inside the reasoning (OpenThoughts: '**Final Answer**' before
+    </think>): split off the last Final Answer section, or else copy the last \\boxed line."""
+    heads = list(_FINAL_ANSWER.finditer(reasoning))
+    if heads:
+        head = heads[-1]
+        answer = reasoning[head.end() :].strip()
+        if answer:
+            return reasoning[: head.start()].strip(), answer
+    boxed = list(_BOXED_LINE.finditer(reasoning))
+    return reasoning, boxed[-1].group().strip() if boxed else ""
+
+
 def raw_from_record(record: Any, fields: dict[str, tuple[str, ...]], fallback_id: str) -> RawTrace | Reject:
     if not isinstance(record, dict):
         return Reject(fallback_id, "load", f"expected a JSON object, got {type(record).__name__}")
@@ -89,6 +107,8 @@ def raw_from_record(record: Any, fields: dict[str, tuple[str, ...]], fallback_id
     if not reasoning:
         return Reject(trace_id, "load", "empty chain of thought")
     answer = tail or str(_pick(record, fields["answer"]) or "").strip()
+    if not answer:
+        reasoning, answer = split_final_answer(reasoning)
     source = str(_pick(record, fields["source"]) or "")
     used = {name for key in fields for name in fields[key]}
     meta = {k: v for k, v in record.items() if k not in used and isinstance(v, (str, int, float, bool))}
