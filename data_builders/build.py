@@ -81,7 +81,8 @@ class Builder:
         sentences = split_sentences(text)
         if not sentences:
             return Reject(raw.id, "split", "empty chain of thought")
-        sizes = [self.count(s.text(text)) for s in sentences]
+        texts = [s.text(text) for s in sentences]
+        sizes = [self.count(t) for t in texts]
         try:
             scores = self.scorer(text, sentences)
         except Exception as err:  # a remote scorer that gave up after its retries
@@ -102,7 +103,8 @@ class Builder:
             text[sentences[a].start : sentences[b - 1].end].strip() for a, b in itertools.pairwise(bounds)
         ]
         try:
-            mementos = self.writer(raw.problem, blocks)
+            split = [(texts[a:b], sizes[a:b]) for a, b in itertools.pairwise(bounds)]
+            mementos = self.writer(raw.problem, blocks, split)
         except Exception as err:  # a remote writer that gave up after its retries
             return Reject(raw.id, "memento", f"{type(err).__name__}: {err}")
         if not raw.answer:

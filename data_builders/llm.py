@@ -342,7 +342,7 @@ class LLMWriter:
             verdict = self._judge(problem, block, memento)
         return memento, float(verdict["score"]), rounds
 
-    def __call__(self, problem: str, blocks: list[str]) -> Mementos:
+    def __call__(self, problem: str, blocks: list[str], split=None) -> Mementos:
         listing = "\n\n".join(f"[Block {i + 1}]\n{b}" for i, b in enumerate(blocks))
         prompt = (
             f"Problem:\n{problem}\n\n{listing}\n\nWrite one memento per block, in order. "

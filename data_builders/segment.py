@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 LAMBDA = 0.5
-MU_GRID = (0.0, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 1000.0)
-NU_GRID = (-3.0, -1.0, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 2.9, 3.5)
+MU_GRID = (0.0, 0.3, 3.0, 30.0, 1000.0)
+NU_GRID = (-1.0, 0.0, 1.0, 2.0, 2.5, 3.5)
 
 
 @dataclass(frozen=True)
@@ -109,20 +109,24 @@ def _lagrangian(sizes, scores, min_tokens, max_tokens, lam, mu_grid, allow_zero)
     # Grid over (ν, μ): maximize Σ(score − ν) − μ·Σ(size/T)², one DP for every block count at once.
     nus, mus = np.meshgrid(np.array(NU_GRID), np.array(mu_grid), indexing="ij")
     nus, mus = nus.reshape(-1, 1), mus.reshape(-1, 1)
+    rows = np.arange(nus.shape[0])
     cut_value = gain[None, :] - nus  # [G, nodes]
     cut_value[:, 0] = 0.0  # the start is not a cut
-    best = np.full((nus.shape[0], len(nodes)), -np.inf)
-    best[:, 0] = 0.0
+    # reach[g, f] = best value of a segmentation ending with a cut at node f, that cut's value included
+    reach = np.full((nus.shape[0], len(nodes)), -np.inf)
+    reach[:, 0] = 0.0
     back = np.zeros((nus.shape[0], len(nodes)), dtype=np.int64)
+    scale = mus / (total * total)
     for t in range(1, len(nodes)):
         f_lo, f_hi = lo[t], min(hi[t], t - 1)
         if f_hi < f_lo:
             continue
-        cost = ((at[t] - at[f_lo : f_hi + 1]) / total) ** 2
-        vals = best[:, f_lo : f_hi + 1] + cut_value[:, f_lo : f_hi + 1] - mus * cost[None, :]
+        span = at[t] - at[f_lo : f_hi + 1]
+        vals = reach[:, f_lo : f_hi + 1] - scale * (span * span)
         arg = vals.argmax(axis=1)
-        best[:, t] = vals[np.arange(len(arg)), arg]
         back[:, t] = arg + f_lo
+        reach[:, t] = vals[rows, arg] + cut_value[:, t]
+    best = reach - cut_value  # the end node is not a cut (its value is 0 anyway)
     last = len(nodes) - 1
     candidates: set[tuple[int, ...]] = set()
     for g in np.nonzero(np.isfinite(best[:, last]))[0]:

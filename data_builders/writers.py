@@ -27,32 +27,40 @@ class Mementos:
 class MementoWriter(Protocol):
     name: str
 
-    def __call__(self, problem: str, blocks: list[str]) -> Mementos: ...
+    def __call__(self, problem: str, blocks: list[str], split: list[tuple[list[str], list[int]]] | None = None) -> Mementos:
+        """`split`: per block, its sentences and their token counts, when already known."""
+        ...
 
 
 _EQUATION = re.compile(r"[=<>≤≥≈]|\\(?:frac|sqrt|cdot|times|le|ge)\b")
 _NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:[.,/]\d+)?(?![\w])")
-_DEFINITION = re.compile(r"\b(?:let|define|denote|call|set|suppose|where|is defined|represents?)\b", re.I)
-_DECISION = re.compile(
-    r"\b(?:so|therefore|thus|hence|we get|gives|conclude|answer|result|correct|wrong|valid|invalid|"
-    r"choose|chose|pick|use|works|doesn't work|fails|confirmed?|verified|check(?:s|ed)? out)\b",
-    re.I,
-)
-_ANSWER = re.compile(r"\\boxed|final answer|the answer is", re.I)
 _FILLER = re.compile(r"^(?:(?:Hmm|Okay|Ok|Well|Wait|Alright|So|Now|Let me see|I think)[,.!]?\s+)+", re.I)
 
 
+_DIGIT = re.compile(r"\d")
+_PUNCTUATION = str.maketrans({c: " " for c in ",.;:!?()[]{}\"'"})
+_DEFINITION_WORDS = frozenset("let define defined denote call set suppose where represent represents".split())
+_DECISION_WORDS = frozenset(
+    "so therefore thus hence get gives conclude answer result correct wrong valid invalid choose chose "
+    "pick use works fails confirm confirmed verified checks".split()
+)
+
+
 def _value(sentence: str) -> float:
+    """How much state a sentence carries. Substring and word-set tests, not one regex per signal:
+    this runs for every sentence of every trace."""
+    lower = sentence.lower()
+    words = set(lower.translate(_PUNCTUATION).split())
     score = 0.0
-    if _ANSWER.search(sentence):
+    if "boxed" in lower or "final answer" in lower or "answer is" in lower:
         score += 4
     if _EQUATION.search(sentence):
         score += 2
-    numbers = len(_NUMBER.findall(sentence))
-    score += min(numbers, 3) * 0.5
-    if _DEFINITION.search(sentence):
+    if _DIGIT.search(sentence):
+        score += min(len(_NUMBER.findall(sentence)), 3) * 0.5
+    if words & _DEFINITION_WORDS:
         score += 1
-    if _DECISION.search(sentence):
+    if words & _DECISION_WORDS:
         score += 1
     return score
 
@@ -77,9 +85,11 @@ class ExtractiveWriter:
         self.count = count or approx_tokens
         self.low, self.high = low, high
 
-    def write_one(self, block: str) -> str:
-        sentences = [s.text(block) for s in split_sentences(block)]
-        sizes = [self.count(_FILLER.sub("", s) or s) for s in sentences]
+    def write_one(self, block: str, sentences: list[str] | None = None, sizes: list[int] | None = None) -> str:
+        """`sentences` and `sizes`, when the caller has them, save splitting and counting again."""
+        if sentences is None or sizes is None:
+            sentences = [s.text(block) for s in split_sentences(block)]
+            sizes = [self.count(s) for s in sentences]
         total = sum(sizes) or 1
         low, high = self.low * total, self.high * total
         order = sorted(range(len(sentences)), key=lambda i: (-_value(sentences[i]), -i))
@@ -95,8 +105,8 @@ class ExtractiveWriter:
             return _clip(_FILLER.sub("", sentences[best]) or sentences[best], int(high) or 1)
         return " ".join(_FILLER.sub("", sentences[i]) or sentences[i] for i in sorted(chosen))
 
-    def __call__(self, problem: str, blocks: list[str]) -> Mementos:
-        texts = [self.write_one(b) for b in blocks]
+    def __call__(self, problem: str, blocks: list[str], split: list[tuple[list[str], list[int]]] | None = None) -> Mementos:
+        texts = [self.write_one(b, *(split[i] if split else (None, None))) for i, b in enumerate(blocks)]
         return Mementos(texts, [None] * len(texts), [0] * len(texts))
 
 
