@@ -20,13 +20,15 @@ import statistics
 import time
 from pathlib import Path
 
-from data_builders.build import Builder, BuildConfig
+from data_builders.build import BuildConfig, Builder
 from data_builders.loaders import RawTrace, iter_raw_jsonl
 from data_builders.scorers import HeuristicScorer
 from data_builders.segment import segment, segment_brute_force
 from data_builders.sentences import approx_tokens, split_sentences
 
-DEFAULT_TRACE = Path(__file__).resolve().parents[1].parent / "shared/data/memento_examples/example_trace.jsonl"
+DEFAULT_TRACE = (
+    Path(__file__).resolve().parents[1].parent / "shared/data/memento_examples/example_trace.jsonl"
+)
 OFFICIAL_DP_SECONDS = 0.32  # reported for a 187-sentence trace (issue #3); not re-measured here
 
 _BUILDER: Builder | None = None
@@ -96,7 +98,9 @@ def gap_study(trials: int = 500, seed: int = 0) -> tuple[int, int, float, float]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--copies", type=int, default=200)
     parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
     args = parser.parse_args()
@@ -104,8 +108,10 @@ def main() -> None:
     sentences = split_sentences(trace.cot)
     tokens = sum(approx_tokens(s.text(trace.cot)) for s in sentences)
     cores = os.cpu_count() or 1
-    print(f"trace {args.trace.name}: {len(trace.cot):,} chars, {len(sentences)} sentences, ~{tokens:,} tokens "
-          f"(approximate count), x{args.copies}; {cores} cores")
+    print(
+        f"trace {args.trace.name}: {len(trace.cot):,} chars, {len(sentences)} sentences, ~{tokens:,} tokens "
+        f"(approximate count), x{args.copies}; {cores} cores"
+    )
     one = throughput(trace, args.copies, 1)
     many = throughput(trace, args.copies, cores)
     print("\n| pipeline (split + heuristic + segment + extractive) | traces/s | traces/s per core |")
@@ -118,7 +124,9 @@ def main() -> None:
         sizes, scores = sentences_trace(trace, n)
         for cap in (1600, None):
             t = segmenter_time(sizes, scores, cap)
-            print(f"| max_block_tokens={cap} | {n} | {t * 1e3:,.2f} ms | {OFFICIAL_DP_SECONDS / t:,.0f}x faster |")
+            print(
+                f"| max_block_tokens={cap} | {n} | {t * 1e3:,.2f} ms | {OFFICIAL_DP_SECONDS / t:,.0f}x faster |"
+            )
     total, optimal, mean_gap, max_gap = gap_study()
     print("\n| segmenter vs brute force (2-14 sentences, random sizes/scores/caps) | value |")
     print("|---|---|")

@@ -35,7 +35,8 @@ _WEAK = re.compile(
 )
 _COMPUTATION_END = re.compile(r"(?:=\s*[-+]?\d[\d.,/]*|\\boxed\{[^}]*\})\s*(?:\\\)|\$)?\s*[.!]?$")
 _LIST_ITEM = re.compile(r"^(?:[-*+•]|\d{1,3}[.)]|[a-z][.)])\s")
-_MID_CALCULATION = re.compile(r"(?:[:=+\-*/×·^(\[{,]|\\cdot|\\times|\\frac)\s*$")
+_MID_CALCULATION_CHARS = frozenset(":=+-*/×·^([{,")
+_MID_CALCULATION_WORDS = ("\\cdot", "\\times", "\\frac")
 _CALCULATION_START = re.compile(r"^\s*(?:[=+\-*/×·^)\]},]|\\cdot|\\times|&=)")
 
 
@@ -48,9 +49,10 @@ class HeuristicScorer:
     def __call__(self, text: str, sentences: list[Sentence]) -> list[int]:
         scores = []
         for prev, cur in itertools.pairwise(sentences):
-            before = text[max(prev.start, prev.end - 80) : prev.end].rstrip()  # only the tail matters
-            after = text[cur.start : min(cur.end, cur.start + 80)].lstrip()
-            if _MID_CALCULATION.search(before) or _CALCULATION_START.match(after) or _LIST_ITEM.match(after):
+            before = text[max(prev.start, prev.end - 48) : prev.end].rstrip()  # only the tail matters
+            after = text[cur.start : min(cur.end, cur.start + 48)].lstrip()
+            mid_calculation = before[-1:] in _MID_CALCULATION_CHARS or before.endswith(_MID_CALCULATION_WORDS)
+            if mid_calculation or _CALCULATION_START.match(after) or _LIST_ITEM.match(after):
                 scores.append(0)  # inside a calculation, after ":"/"=", or the next item of a list
                 continue
             strong, weak = _STRONG.match(after), _WEAK.match(after)

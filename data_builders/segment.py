@@ -117,12 +117,12 @@ def _lagrangian(sizes, scores, min_tokens, max_tokens, lam, mu_grid, allow_zero)
     reach[:, 0] = 0.0
     back = np.zeros((nus.shape[0], len(nodes)), dtype=np.int64)
     scale = mus / (total * total)
+    squared = (at[:, None] - at[None, :]) ** 2  # [to, from] block size², computed once
     for t in range(1, len(nodes)):
         f_lo, f_hi = lo[t], min(hi[t], t - 1)
         if f_hi < f_lo:
             continue
-        span = at[t] - at[f_lo : f_hi + 1]
-        vals = reach[:, f_lo : f_hi + 1] - scale * (span * span)
+        vals = reach[:, f_lo : f_hi + 1] - scale * squared[t, f_lo : f_hi + 1]
         arg = vals.argmax(axis=1)
         back[:, t] = arg + f_lo
         reach[:, t] = vals[rows, arg] + cut_value[:, t]

@@ -14,11 +14,13 @@ import string
 from dataclasses import dataclass
 
 _PROTECTED = re.compile(
+    r"(?=[`$\\])(?:"  # a cheap first-character test before the alternatives
     r"```.*?(?:```|\Z)"  # fenced code (an unclosed fence runs to the end)
     r"|\$\$.*?\$\$"  # display math
     r"|\\\[.*?\\\]"  # \[ … \]
     r"|\\\(.*?\\\)"  # \( … \)
-    r"|(?<![\\$])\$(?!\s)[^$\n]{1,400}?(?<![\s\\])\$(?!\d)",  # inline $…$
+    r"|(?<![\\$])\$(?!\s)[^$\n]{1,400}?(?<![\s\\])\$(?!\d)"  # inline $…$
+    r")",
     re.DOTALL,
 )
 _PARAGRAPH = re.compile(r"\n[ \t]*\n\s*")

@@ -27,40 +27,51 @@ class Mementos:
 class MementoWriter(Protocol):
     name: str
 
-    def __call__(self, problem: str, blocks: list[str], split: list[tuple[list[str], list[int]]] | None = None) -> Mementos:
+    def __call__(
+        self, problem: str, blocks: list[str], split: list[tuple[list[str], list[int]]] | None = None
+    ) -> Mementos:
         """`split`: per block, its sentences and their token counts, when already known."""
         ...
 
 
 _EQUATION = re.compile(r"[=<>≤≥≈]|\\(?:frac|sqrt|cdot|times|le|ge)\b")
-_NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:[.,/]\d+)?(?![\w])")
 _FILLER = re.compile(r"^(?:(?:Hmm|Okay|Ok|Well|Wait|Alright|So|Now|Let me see|I think)[,.!]?\s+)+", re.I)
 
 
-_DIGIT = re.compile(r"\d")
-_PUNCTUATION = str.maketrans({c: " " for c in ",.;:!?()[]{}\"'"})
-_DEFINITION_WORDS = frozenset("let define defined denote call set suppose where represent represents".split())
-_DECISION_WORDS = frozenset(
+_DIGITS = frozenset("0123456789")
+_DEFINITION_WORDS = "let define defined denote call set suppose where represent represents"
+_DECISION_WORDS = (
     "so therefore thus hence get gives conclude answer result correct wrong valid invalid choose chose "
-    "pick use works fails confirm confirmed verified checks".split()
+    "pick use works fails confirm confirmed verified checks"
 )
+
+
+def _with_punctuation(words: str) -> frozenset[str]:
+    """Each word bare and with the punctuation that follows words in text, so that a plain
+    str.split() (no regex, no translate) is enough to look words up."""
+    return frozenset(w + p for w in words.split() for p in ("", ",", ".", ":", ";", "!", "?", ")"))
+
+
+_DEFINITIONS = _with_punctuation(_DEFINITION_WORDS)
+_DECISIONS = _with_punctuation(_DECISION_WORDS)
 
 
 def _value(sentence: str) -> float:
     """How much state a sentence carries. Substring and word-set tests, not one regex per signal:
     this runs for every sentence of every trace."""
     lower = sentence.lower()
-    words = set(lower.translate(_PUNCTUATION).split())
+    tokens = lower.split()
+    words = set(tokens)
     score = 0.0
     if "boxed" in lower or "final answer" in lower or "answer is" in lower:
         score += 4
     if _EQUATION.search(sentence):
         score += 2
-    if _DIGIT.search(sentence):
-        score += min(len(_NUMBER.findall(sentence)), 3) * 0.5
-    if words & _DEFINITION_WORDS:
+    numbers = len([t for t in tokens if t[0] in _DIGITS or (t[0] in "-+($" and t[1:2] in _DIGITS)])
+    score += min(numbers, 3) * 0.5
+    if not words.isdisjoint(_DEFINITIONS):
         score += 1
-    if words & _DECISION_WORDS:
+    if not words.isdisjoint(_DECISIONS):
         score += 1
     return score
 
@@ -85,7 +96,9 @@ class ExtractiveWriter:
         self.count = count or approx_tokens
         self.low, self.high = low, high
 
-    def write_one(self, block: str, sentences: list[str] | None = None, sizes: list[int] | None = None) -> str:
+    def write_one(
+        self, block: str, sentences: list[str] | None = None, sizes: list[int] | None = None
+    ) -> str:
         """`sentences` and `sizes`, when the caller has them, save splitting and counting again."""
         if sentences is None or sizes is None:
             sentences = [s.text(block) for s in split_sentences(block)]
@@ -105,7 +118,9 @@ class ExtractiveWriter:
             return _clip(_FILLER.sub("", sentences[best]) or sentences[best], int(high) or 1)
         return " ".join(_FILLER.sub("", sentences[i]) or sentences[i] for i in sorted(chosen))
 
-    def __call__(self, problem: str, blocks: list[str], split: list[tuple[list[str], list[int]]] | None = None) -> Mementos:
+    def __call__(
+        self, problem: str, blocks: list[str], split: list[tuple[list[str], list[int]]] | None = None
+    ) -> Mementos:
         texts = [self.write_one(b, *(split[i] if split else (None, None))) for i, b in enumerate(blocks)]
         return Mementos(texts, [None] * len(texts), [0] * len(texts))
 
