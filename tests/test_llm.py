@@ -144,3 +144,26 @@ def test_transformers_backend_generates_text():
     backend = TransformersBackend(tiny_model("llama", vocab_size=len(tokenizer)), tokenizer, max_new_tokens=5)
     out = backend.complete([{"role": "user", "content": "hello"}])
     assert isinstance(out, str) and backend.identity().startswith("transformers:")
+
+
+def test_model_writer_with_an_untrained_model_rejects_cleanly(tmp_path):
+    """The `model` writer runs the same prompts through a local transformers model; a model that
+    cannot answer in JSON ends as a reject with the reason, not a traceback."""
+    from models import tiny_model
+
+    from data_builders.writers import make_writer
+    from memento_train.toy_tokenizer import build_tokenizer
+
+    tokenizer = build_tokenizer([TEXT], 300)
+    model = tiny_model("llama", vocab_size=len(tokenizer))
+    writer = make_writer(
+        "model", backend={"model": model, "tokenizer": tokenizer, "max_new_tokens": 8}, retries=1, backoff=0.0
+    )
+    assert isinstance(writer, LLMWriter)
+    config = BuildConfig(min_block_tokens=40, max_block_tokens=200)
+    from data_builders.build import Builder
+
+    builder = Builder(config)
+    builder.writer = writer
+    result = builder(RawTrace("t", "problem", TEXT, "answer"))
+    assert result.stage == "memento" and "gave up after 2 attempts" in result.reason
