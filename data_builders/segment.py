@@ -99,7 +99,7 @@ def segment(
 def _lagrangian(sizes, scores, min_tokens, max_tokens, lam, mu_grid, allow_zero) -> Segmentation | None:
     n = len(sizes)
     prefix = np.concatenate([[0], np.cumsum(sizes)]).astype(np.float64)
-    total = prefix[-1]
+    total = max(prefix[-1], 1.0)
     nodes = np.array([0, *[j for j in range(1, n) if allow_zero or scores[j - 1] > 0], n])
     at = prefix[nodes]
     gain = np.array([0.0, *[scores[j - 1] for j in nodes[1:-1]], 0.0])
@@ -126,10 +126,9 @@ def _lagrangian(sizes, scores, min_tokens, max_tokens, lam, mu_grid, allow_zero)
         arg = vals.argmax(axis=1)
         back[:, t] = arg + f_lo
         reach[:, t] = vals[rows, arg] + cut_value[:, t]
-    best = reach - cut_value  # the end node is not a cut (its value is 0 anyway)
-    last = len(nodes) - 1
+    last = len(nodes) - 1  # the end node: reachable means a valid segmentation exists
     candidates: set[tuple[int, ...]] = set()
-    for g in np.nonzero(np.isfinite(best[:, last]))[0]:
+    for g in np.nonzero(np.isfinite(reach[:, last]))[0]:
         cuts, node = [], last
         while node:
             node = back[g, node]
