@@ -147,6 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_build_parser(sub)
     add_stats_parser(sub)
+    from .train_cli import add_train_parsers
+
+    add_train_parsers(sub)
     return parser
 
 
@@ -154,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (MementoFormatError, ValueError) as err:
+    except (MementoFormatError, ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
 

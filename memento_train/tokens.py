@@ -74,20 +74,27 @@ def add_memento_tokens(
     if plain:
         tokenizer.add_tokens(plain)
     tokens = MementoTokens.from_tokenizer(tokenizer)
-    if model is None or not new:
+    if model is None:
         return tokens
-
+    old_rows = model.get_input_embeddings().weight.shape[0]
+    tag_ids = {tag: tokenizer.convert_tokens_to_ids(tag) for tag in wanted}
+    # Rows to initialize: tags just added, and tags of a tokenizer that already had them but whose
+    # model was never resized (a base model loaded next to a memento tokenizer).
+    fresh = [tag for tag, idx in tag_ids.items() if tag in new or idx >= old_rows]
+    if not fresh:
+        return tokens
     old_input = model.get_input_embeddings().weight.detach().clone()
     old_output = model.get_output_embeddings()
     old_output = old_output.weight.detach().clone() if old_output is not None else None
-    model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+    if len(tokenizer) > old_rows:
+        model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
     emb = model.get_input_embeddings().weight
     out_layer = model.get_output_embeddings()
     tied = out_layer is None or out_layer.weight.data_ptr() == emb.data_ptr()
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for tag in new:
-            idx = tokenizer.convert_tokens_to_ids(tag)
+        for tag in fresh:
+            idx = tag_ids[tag]
             noise = torch.randn(emb.shape[1], generator=gen) * noise_std
             emb[idx] = (_word_mean(tokenizer, old_input, INIT_WORDS[tag]) + noise).to(emb.dtype)
             if not tied and old_output is not None:
