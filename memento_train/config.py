@@ -8,6 +8,7 @@ against its fields the same way.
 from __future__ import annotations
 
 import copy
+import re
 import dataclasses
 import difflib
 import itertools
@@ -22,6 +23,21 @@ import yaml
 
 class ConfigError(ValueError):
     """A configuration that cannot be used as written."""
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 reads `1e-5` as a string; every training config writes learning rates that way."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:\d[\d_]*\.?\d*|\.\d+)[eE][-+]?\d+$|^[-+]?(?:\d[\d_]*)?\.\d+$|^[-+]?\d[\d_]*\.$"),
+    list("-+0123456789."),
+)
+
+
+def _yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
 
 
 @dataclass
@@ -221,7 +237,7 @@ def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"no such config file: {path}")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = _yaml(path.read_text()) or {}
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: invalid YAML: {err}") from None
     if not isinstance(data, dict):
@@ -246,7 +262,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override {item!r}: {part} is not a section")
-        node[parts[-1]] = yaml.safe_load(raw)
+        node[parts[-1]] = _yaml(raw)
     return out
 
 
@@ -287,9 +303,13 @@ def expand_sweep(data: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
             hint = hints.get(key)
             if isinstance(value, dict) and dataclasses.is_dataclass(hint):
                 walk(value, f"{path}.", hint)
-            elif (isinstance(value, list) and hint is not None and typing.get_origin(hint) is not list) or (
-                isinstance(value, list) and value and all(isinstance(v, list) for v in value)
-            ):
+            elif path == "training" and isinstance(value, dict):
+                for name, item in value.items():  # TrainingArguments: a list is an axis unless the field is a list
+                    if isinstance(item, list) and (name not in _list_training_fields() or _all_lists(item)):
+                        axes.append((f"training.{name}", item))
+            elif isinstance(value, list) and hint is not None and typing.get_origin(hint) is not list:
+                axes.append((path, value))
+            elif isinstance(value, list) and _all_lists(value):
                 axes.append((path, value))
 
     walk(data, "", TrainConfig)
@@ -306,6 +326,16 @@ def expand_sweep(data: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
             parts = [_label(o) for o in overrides]
             runs.append(("_".join(parts) or "base", run))
     return runs
+
+
+def _all_lists(values: list[Any]) -> bool:
+    return bool(values) and all(isinstance(v, list) for v in values)
+
+
+def _list_training_fields() -> set[str]:
+    from transformers import TrainingArguments
+
+    return {f.name for f in dataclasses.fields(TrainingArguments) if "list" in str(f.type).lower()}
 
 
 def flat(node: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
