@@ -8,10 +8,10 @@ against its fields the same way.
 from __future__ import annotations
 
 import copy
-import re
 import dataclasses
 import difflib
 import itertools
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -37,7 +37,7 @@ _Loader.add_implicit_resolver(
 
 
 def _yaml(text: str) -> Any:
-    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    return yaml.load(text, Loader=_Loader)
 
 
 @dataclass
@@ -304,12 +304,15 @@ def expand_sweep(data: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
             if isinstance(value, dict) and dataclasses.is_dataclass(hint):
                 walk(value, f"{path}.", hint)
             elif path == "training" and isinstance(value, dict):
-                for name, item in value.items():  # TrainingArguments: a list is an axis unless the field is a list
+                for (
+                    name,
+                    item,
+                ) in value.items():  # TrainingArguments: a list is an axis unless the field is a list
                     if isinstance(item, list) and (name not in _list_training_fields() or _all_lists(item)):
                         axes.append((f"training.{name}", item))
-            elif isinstance(value, list) and hint is not None and typing.get_origin(hint) is not list:
-                axes.append((path, value))
-            elif isinstance(value, list) and _all_lists(value):
+            elif (isinstance(value, list) and hint is not None and typing.get_origin(hint) is not list) or (
+                isinstance(value, list) and _all_lists(value)
+            ):
                 axes.append((path, value))
 
     walk(data, "", TrainConfig)

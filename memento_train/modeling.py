@@ -90,11 +90,24 @@ def load_model(cfg: ModelConfig, tokenizer: Any, source: str | None = None):
         if cfg.dtype != "auto":
             kwargs["dtype"] = DTYPES[cfg.dtype]
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        if "gguf_file" in kwargs:
+            _forget_gguf_quantization(model)
     add_memento_tokens(tokenizer, model)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
     return model
+
+
+def _forget_gguf_quantization(model: Any) -> None:
+    """transformers dequantizes GGUF weights on load but keeps the model marked quantized, which
+    blocks training and saving; the weights are plain tensors, so drop the marks."""
+    if getattr(model, "hf_quantizer", None) is not None:
+        model.hf_quantizer = None
+    for obj in (model, model.config):
+        for attr in ("is_quantized", "quantization_method", "quantization_config"):
+            if attr in vars(obj):
+                delattr(obj, attr)
 
 
 def load_model_and_tokenizer(
@@ -145,11 +158,17 @@ def merge_adapter(adapter_dir: str | Path, output_dir: str | Path | None = None,
 
     adapter_dir = Path(adapter_dir)
     base_path = json.loads((adapter_dir / "adapter_config.json").read_text())["base_model_name_or_path"]
-    tokenizer = AutoTokenizer.from_pretrained(adapter_dir)
+    kwargs: dict[str, Any] = {"attn_implementation": attn}
     meta_path = adapter_dir / "memento_base.json"
-    if meta_path.exists():  # a tiny base built from a config, saved next to the adapter
-        base_path = str(adapter_dir / "base")
-    base = AutoModelForCausalLM.from_pretrained(base_path, attn_implementation=attn)
+    if meta_path.exists():  # written by memento-train: the base (a local dir next to it, or a GGUF file)
+        meta = json.loads(meta_path.read_text())
+        base_path = str(adapter_dir / meta["base"]) if (adapter_dir / meta["base"]).is_dir() else meta["base"]
+        if meta.get("gguf_file"):
+            kwargs["gguf_file"] = meta["gguf_file"]
+    tokenizer = AutoTokenizer.from_pretrained(adapter_dir)
+    base = AutoModelForCausalLM.from_pretrained(base_path, **kwargs)
+    if "gguf_file" in kwargs:
+        _forget_gguf_quantization(base)
     add_memento_tokens(tokenizer, base)
     merged = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
     if output_dir is not None:

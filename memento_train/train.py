@@ -121,6 +121,11 @@ def build_trainer(cfg: TrainConfig) -> tuple[MementoTrainer, dict[str, Any]]:
     torch.manual_seed(cfg.seed)
     if not cfg.data.train_files:
         raise ValueError("data.train_files is empty: point it at samples.jsonl files from build-data")
+    missing = [f for f in [*cfg.data.train_files, *cfg.data.eval_files] if not Path(f).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"data file(s) not found: {', '.join(missing)} (build them with memento-train build-data)"
+        )
     init_from = cfg.init_from if cfg.stage == 2 else None
     if cfg.stage == 2 and init_from is None:
         log.warning("stage 2 without init_from: starting from the base model (the paper starts from stage 1)")
@@ -133,6 +138,16 @@ def build_trainer(cfg: TrainConfig) -> tuple[MementoTrainer, dict[str, Any]]:
     if cfg.stage == 2 and cfg.retention.weight > 0 and cfg.retention.teacher == "frozen":
         teacher = copy.deepcopy(model).eval().requires_grad_(False)
     if cfg.lora.enabled:
+        out = Path(cfg.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        base = {
+            "base": init_from or cfg.model.name_or_path,
+            "gguf_file": None if init_from else cfg.model.gguf_file,
+        }
+        if cfg.model.tiny and init_from is None:  # a base built from a config must travel with its adapter
+            model.save_pretrained(out / "base")
+            base = {"base": "base", "gguf_file": None}
+        (out / "memento_base.json").write_text(json.dumps(base))  # what `merge` loads the adapter onto
         model = apply_lora(model, cfg.lora, tokens)
     dataset = tokenized_dataset(cfg.data.train_files, tokenizer, cfg.data.num_proc)
     rows, report = packed_rows(dataset, cfg.data.max_seq_len, cfg.data.packing)
@@ -165,13 +180,11 @@ def run_training(cfg: TrainConfig) -> dict[str, Any]:
     result = trainer.train(resume_from_checkpoint=True if resume == "latest" else resume)
     out = Path(cfg.output_dir)
     trainer.save_model(str(out))
-    model = trainer.model
-    if cfg.lora.enabled and cfg.model.tiny:  # a base built from a config must travel with its adapter
-        model.get_base_model().save_pretrained(out / "base")
-        (out / "memento_base.json").write_text(json.dumps({"base": "base"}))
-    (out / "memento_train.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     history = [e for e in trainer.state.log_history if "loss" in e]
     report = {"data": summary, "train": result.metrics, "log": history}
+    if not trainer.is_world_process_zero():
+        return report
+    (out / "memento_train.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     (out / "memento_train_report.json").write_text(json.dumps(report, indent=2))
     write_serving_files(out, trainer.processing_class, cfg)
     if cfg.hub.push:

@@ -6,7 +6,14 @@ import pytest
 import yaml
 
 from memento_train.cli import main
-from memento_train.config import ConfigError, apply_overrides, config_from_dict, expand_sweep, load_config, load_yaml
+from memento_train.config import (
+    ConfigError,
+    apply_overrides,
+    config_from_dict,
+    expand_sweep,
+    load_config,
+    load_yaml,
+)
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -24,7 +31,9 @@ def test_inheritance_and_overrides():
     assert config.stage == 2 and config.init_from == "outputs/stage1"  # from stage2.yaml
     assert config.lora.enabled and config.lora.r == 16  # from lora.yaml
     assert config.model.name_or_path == "Qwen/Qwen3-8B"  # from stage1.yaml
-    assert config.training["learning_rate"] == 2e-4 and config.training["bf16"] is True  # override + base.yaml
+    assert (
+        config.training["learning_rate"] == 2e-4 and config.training["bf16"] is True
+    )  # override + base.yaml
     assert config.mask.keep_last_n_blocks == 1
     assert load_config(CONFIGS / "stage2.yaml", stage=1).stage == 1
 
@@ -41,7 +50,10 @@ def test_deepspeed_configs_use_auto_fields():
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["mask.keep_last_n_block=1"], "unknown key 'mask.keep_last_n_block' (did you mean 'keep_last_n_blocks'?)"),
+        (
+            ["mask.keep_last_n_block=1"],
+            "unknown key 'mask.keep_last_n_block' (did you mean 'keep_last_n_blocks'?)",
+        ),
         (["retention.wieght=0.1"], "unknown key 'retention.wieght' (did you mean 'weight'?)"),
         (["trainng.learning_rate=1"], "unknown key 'trainng' (did you mean 'training'?)"),
         (["training.learning_rat=1"], "unknown key 'training.learning_rat' (did you mean 'learning_rate'?)"),
@@ -80,7 +92,10 @@ def test_sweep_expansion():
         "model": {"name_or_path": "m"},
         "data": {"train_files": ["a.jsonl", "b.jsonl"]},  # a list field, not an axis
         "retention": {"weight": [0.0, 0.3], "teacher": ["self", "frozen"]},
-        "_": [{"mask": {"keep_last_n_blocks": 0}}, {"mask": {"keep_last_n_blocks": 1, "answer_sees_last_block": False}}],
+        "_": [
+            {"mask": {"keep_last_n_blocks": 0}},
+            {"mask": {"keep_last_n_blocks": 1, "answer_sees_last_block": False}},
+        ],
     }
     runs = expand_sweep(data)
     assert len(runs) == 2 * 2 * 2

@@ -10,7 +10,7 @@ import pytest
 import torch
 from train_helpers import tiny_config, write_samples
 
-from memento_train.data import MementoCollator, RowsDataset, packed_rows, tokenized_dataset
+from memento_train.data import MementoCollator, packed_rows, tokenized_dataset
 from memento_train.losses import completion_ce, restricted_positions, retention_kl
 from memento_train.masking import MaskPolicy, attention_mask_for, expiry
 from memento_train.train import build_trainer, run_training
@@ -54,7 +54,9 @@ def _sum_ce(model, trainer, row_batch, policy):
     return completion_ce(logits, labels, num_items=1)
 
 
-@pytest.mark.parametrize("policy", [None, MaskPolicy(), MaskPolicy(keep_last_n_blocks=1, mask_delimiters=True)])
+@pytest.mark.parametrize(
+    "policy", [None, MaskPolicy(), MaskPolicy(keep_last_n_blocks=1, mask_delimiters=True)]
+)
 def test_packed_loss_equals_per_sample_losses(tmp_path, policy):
     trainer, rows = _batch(tmp_path)
     model = trainer.model.eval()
@@ -182,8 +184,9 @@ def test_lora_saves_adapter_and_tag_rows_and_reloads(tmp_path):
                          training={"max_steps": 3, "learning_rate": 1e-2})  # fmt: skip
     trainer, _ = build_trainer(config)
     trainable = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
-    assert any("lora_" in n for n in trainable) and any("token_adapter" in n or "trainable_tokens" in n
-                                                         for n in trainable), trainable
+    assert any("lora_" in n for n in trainable) and any(
+        "token_adapter" in n or "trainable_tokens" in n for n in trainable
+    ), trainable
     run_training(config)
     out = tmp_path / "stage2"
     assert (out / "adapter_config.json").exists() and (out / "adapter_model.safetensors").exists()
@@ -198,6 +201,10 @@ def test_lora_saves_adapter_and_tag_rows_and_reloads(tmp_path):
     base = AutoModelForCausalLM.from_pretrained(out / "base")
     tag = tokenizer.convert_tokens_to_ids("<|block_start|>")
     trained_row = reloaded.get_input_embeddings().weight[tag]
-    assert not torch.allclose(trained_row, base.get_input_embeddings().weight[tag]), "the tag rows were trained"
+    assert not torch.allclose(trained_row, base.get_input_embeddings().weight[tag]), (
+        "the tag rows were trained"
+    )
     other = tokenizer.encode(" a", add_special_tokens=False)[0]
-    torch.testing.assert_close(reloaded.get_input_embeddings().weight[other], base.get_input_embeddings().weight[other])
+    torch.testing.assert_close(
+        reloaded.get_input_embeddings().weight[other], base.get_input_embeddings().weight[other]
+    )

@@ -18,14 +18,14 @@ def write_samples(path: Path, n: int = 16, **synthetic) -> Path:
     return path
 
 
-def tiny_config(tmp_path: Path, data: Path, stage: int = 1, arch: str = "llama", **sections):
+def tiny_config(tmp_path: Path, samples: Path, stage: int = 1, arch: str = "llama", **sections):
     base = {
         "stage": stage,
         "output_dir": str(tmp_path / f"stage{stage}"),
         "model": {"tiny": {"arch": arch, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
                            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16},
                   "attn_implementation": "sdpa", "dtype": "float32"},
-        "data": {"train_files": [str(data)], "max_seq_len": 1024, "tokenizer_corpus_size": 400},
+        "data": {"train_files": [str(samples)], "max_seq_len": 1024, "tokenizer_corpus_size": 400},
         "training": {"per_device_train_batch_size": 2, "learning_rate": 3e-3, "max_steps": 6, "logging_steps": 1,
                      "save_strategy": "no", "report_to": "none", "lr_scheduler_type": "constant", "use_cpu": True},
     }  # fmt: skip
