@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from train_helpers import tiny_config, write_samples
@@ -65,7 +66,7 @@ def test_block_masking_config_follows_the_policy(tmp_path):
 
 
 class RecordingApi:
-    calls: list = []
+    calls: ClassVar[list] = []
 
     def __init__(self, token=None):
         RecordingApi.calls.append(("init", token))
@@ -91,7 +92,7 @@ def test_push_uses_hf_token_only(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="set HF_TOKEN"):
         push(checkpoint, "me/model")
     monkeypatch.setenv("HF_TOKEN", "hf_secret_value")
-    with pytest.raises(FileNotFoundError, match="block_masking_config.json"):
+    with pytest.raises(FileNotFoundError, match=r"block_masking_config\.json"):
         push(checkpoint, "me/model")
     data = write_samples(tmp_path / "data.jsonl", 2)
     write_serving_files(checkpoint, build_tokenizer(["x y z"], 300), tiny_config(tmp_path, data, 2))

@@ -94,7 +94,7 @@ def test_stage2_isolation_and_the_memento_stream(tmp_path):
         edited[0, first_block + 1 : block_end] = torch.flip(ids[0, first_block + 1 : block_end], [0])
         assert not torch.equal(edited, ids)
 
-        def logits(x, policy):
+        def logits(x, policy, tokens=tokens, model=model, summary_end=summary_end):
             mask = attention_mask_for("sdpa", x, tokens, policy)
             with torch.no_grad():
                 return model(input_ids=x, attention_mask=mask).logits[0, summary_end:]
