@@ -106,3 +106,24 @@ def test_push_uses_hf_token_only(tmp_path, monkeypatch):
         assert "hf_secret_value" not in path.read_text(), f"token written to {path}"
     card = (checkpoint / "README.md").read_text()
     assert "Mask policy: keep_last_n_blocks=0" in card and "Stage: 2" in card
+
+
+@pytest.mark.skipif(
+    __import__("importlib").util.find_spec("deepspeed") is None,
+    reason="deepspeed is not installed (pip install -e '.[deepspeed]'; the dev extra includes it)",
+)
+def test_deepspeed_zero2_step_on_cpu(tmp_path):
+    data = write_samples(tmp_path / "data.jsonl", 6)
+    config = tiny_config(tmp_path, data, 2, training={"max_steps": 2, "logging_steps": 1,
+                                                      "deepspeed": str(ROOT / "configs" / "deepspeed" / "zero2.json")})  # fmt: skip
+    path = tmp_path / "config.yaml"
+    import yaml
+
+    path.write_text(yaml.safe_dump(to_dict(config)))
+    torchrun = Path(sys.executable).with_name("torchrun")
+    env = {**os.environ, "WANDB_MODE": "offline", "DS_ACCELERATOR": "cpu"}
+    result = subprocess.run([str(torchrun), "--nproc_per_node", "1", str(ROOT / "scripts" / "train.py"),
+                             "--config", str(path)], capture_output=True, text=True, env=env, cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((tmp_path / "stage2" / "memento_train_report.json").read_text())
+    assert len(report["log"]) == 2 and all(e["loss"] > 0 for e in report["log"])
