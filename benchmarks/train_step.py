@@ -26,13 +26,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from data_builders.synthetic import SyntheticConfig, synthetic_samples  # noqa: E402
-from memento_train.config import config_from_dict  # noqa: E402
-from memento_train.data import MementoCollator, best_fit_decreasing, packed_rows, tokenized_dataset  # noqa: E402
-from memento_train.masking import MaskPolicy, block_mask, dense_mask  # noqa: E402
-from memento_train.train import build_trainer  # noqa: E402
+from data_builders.synthetic import SyntheticConfig, synthetic_samples
+from memento_train.config import config_from_dict
+from memento_train.data import MementoCollator, best_fit_decreasing, packed_rows, tokenized_dataset
+from memento_train.masking import MaskPolicy, block_mask, dense_mask
+from memento_train.train import build_trainer
 
 MODEL = {"arch": "llama", "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4,
          "num_attention_heads": 8, "num_key_value_heads": 4}  # fmt: skip
@@ -61,7 +59,11 @@ def step_throughput(seq_len: int, steps: int) -> list[tuple[str, float, float]]:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         data = _samples(tmp / "data.jsonl", 64)
-        for name, stage, weight in (("stage 1", 1, 0.0), ("stage 2", 2, 0.0), ("stage 2 + retention", 2, 0.3)):
+        for name, stage, weight in (
+            ("stage 1", 1, 0.0),
+            ("stage 2", 2, 0.0),
+            ("stage 2 + retention", 2, 0.3),
+        ):
             trainer, _ = build_trainer(_config(tmp, data, seq_len, stage, weight))
             rows, _ = packed_rows(tokenized_dataset([str(data)], trainer.processing_class), seq_len, True)
             row = max(rows, key=lambda r: len(r["input_ids"]))
@@ -116,7 +118,9 @@ def mask_bytes(seq_len: int) -> tuple[int, int, int]:
     ids, docs = ids[None], docs[None]
     dense = dense_mask(ids, TOK, MaskPolicy(), docs)
     bool_bytes = dense.numel() * dense.element_size()
-    float_bytes = dense.numel() * torch.finfo(torch.float32).bits // 8  # additive_mask(dense), not materialized
+    float_bytes = (
+        dense.numel() * torch.finfo(torch.float32).bits // 8
+    )  # additive_mask(dense), not materialized
     bm = block_mask(ids, TOK, MaskPolicy(), docs)
     tensors = [bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices,
                bm.q_num_blocks, bm.q_indices, bm.full_q_num_blocks, bm.full_q_indices]  # fmt: skip
@@ -131,7 +135,10 @@ def gpu_flex_vs_dense(steps: int = 5) -> list[str]:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from mask_memory import TOK, openmementos_row
 
-    lines = ["| S | dense SDPA step | flex step | flex / dense | dense peak GiB | flex peak GiB |", "|---|---|---|---|---|---|"]
+    lines = [
+        "| S | dense SDPA step | flex step | flex / dense | dense peak GiB | flex peak GiB |",
+        "|---|---|---|---|---|---|",
+    ]
     config = LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
                          num_attention_heads=16, num_key_value_heads=8, max_position_embeddings=32768)  # fmt: skip
     for seq_len in (4096, 16384):
@@ -157,33 +164,45 @@ def gpu_flex_vs_dense(steps: int = 5) -> list[str]:
             del model, mask
             torch.cuda.empty_cache()
         dense, flex = result["sdpa"], result["flex_attention"]
-        lines.append(f"| {seq_len:,} | {dense[0] * 1e3:.0f} ms | {flex[0] * 1e3:.0f} ms | {flex[0] / dense[0]:.2f} "
-                     f"| {dense[1]:.1f} | {flex[1]:.1f} |")
+        lines.append(
+            f"| {seq_len:,} | {dense[0] * 1e3:.0f} ms | {flex[0] * 1e3:.0f} ms | {flex[0] / dense[0]:.2f} "
+            f"| {dense[1]:.1f} | {flex[1]:.1f} |"
+        )
     return lines
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--steps", type=int, default=5)
     args = parser.parse_args()
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; tiny Llama {MODEL}")
-    print(f"\n| step (S = {args.seq_len:,}, packed, batch 1) | tokens/s | documents in the row | vs stage 1 |")
+    print(
+        f"\n| step (S = {args.seq_len:,}, packed, batch 1) | tokens/s | documents in the row | vs stage 1 |"
+    )
     print("|---|---|---|---|")
     results = step_throughput(args.seq_len, args.steps)
     for name, tps, docs in results:
         print(f"| {name} | {tps:,.0f} | {docs} | {tps / results[0][1]:.2f} |")
-    print("\n| OpenMementos-shaped lengths, max_seq_len | samples that fit | real tokens, packed (BFD) | padded to max_seq_len | padded to batch max (8) |")
+    print(
+        "\n| OpenMementos-shaped lengths, max_seq_len | samples that fit | real tokens, packed (BFD) | padded to max_seq_len | padded to batch max (8) |"
+    )
     print("|---|---|---|---|---|")
     for max_len in (16384, 32768):
         packed, to_max, to_batch, n = packing_table(max_len)
         print(f"| {max_len:,} | {n} | {packed:.1%} | {to_max:.1%} | {to_batch:.1%} |")
-    print("\n| S | dense bool mask (SDPA) | dense float mask | BlockMask (+ mask_mod tensor) | float / bool | bool / BlockMask |")
+    print(
+        "\n| S | dense bool mask (SDPA) | dense float mask | BlockMask (+ mask_mod tensor) | float / bool | bool / BlockMask |"
+    )
     print("|---|---|---|---|---|---|")
     for seq_len in (2048, 8192, 32768):
         b, f, bm = mask_bytes(seq_len)
-        print(f"| {seq_len:,} | {b / 2**20:,.1f} MiB | {f / 2**20:,.1f} MiB | {bm / 2**20:,.2f} MiB | {f / b:.0f}x | {b / bm:,.0f}x |")
+        print(
+            f"| {seq_len:,} | {b / 2**20:,.1f} MiB | {f / 2**20:,.1f} MiB | {bm / 2**20:,.2f} MiB | {f / b:.0f}x | {b / bm:,.0f}x |"
+        )
     print()
     for line in gpu_flex_vs_dense():
         print(line)
