@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -49,6 +50,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     config = load_config(args.config, args.overrides, args.stage)
     report = run_training(config)
+    if int(os.environ.get("RANK", "0")) != 0:
+        return 0
     data, log = report["data"], report["log"]
     print(
         f"stage {config.stage} done: {len(log)} logged steps, loss {log[0]['loss']:.4f} -> {log[-1]['loss']:.4f}; "
