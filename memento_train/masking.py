@@ -292,16 +292,7 @@ def block_mask(
 SUPPORTED_BACKENDS = ("sdpa", "eager", "flex_attention")
 
 
-def attention_mask_for(
-    backend: str,
-    input_ids: torch.Tensor,
-    tokens: MementoTokens,
-    policy: MaskPolicy | None = MaskPolicy(),
-    document_ids: torch.Tensor | None = None,
-    dtype: torch.dtype = torch.float32,
-):
-    """The mask object `backend` reads correctly: sdpa → bool [B,1,S,S], eager → additive float
-    [B,1,S,S], flex_attention → BlockMask. Backends that cannot express the rule are refused."""
+def _check_backend(backend: str) -> None:
     if backend not in SUPPORTED_BACKENDS:
         hint = (
             " flash-attention kernels only express causal/sliding masks, not memento eviction."
@@ -312,11 +303,38 @@ def attention_mask_for(
             f"attention backend {backend!r} cannot take a memento mask; use one of "
             f"{', '.join(SUPPORTED_BACKENDS)}.{hint}"
         )
+
+
+def attention_mask_for(
+    backend: str,
+    input_ids: torch.Tensor,
+    tokens: MementoTokens,
+    policy: MaskPolicy | None = MaskPolicy(),
+    document_ids: torch.Tensor | None = None,
+    dtype: torch.dtype = torch.float32,
+):
+    """The mask object `backend` reads correctly: sdpa → bool [B,1,S,S], eager → additive float
+    [B,1,S,S], flex_attention → BlockMask. Backends that cannot express the rule are refused."""
+    _check_backend(backend)
     ids = _rows(input_ids)
     docs = _rows(document_ids) if document_ids is not None else None
+    return mask_from_expiry(backend, expiry(ids, tokens, policy, docs), docs, dtype)
+
+
+def mask_from_expiry(
+    backend: str,
+    expiry_values: torch.Tensor,
+    document_ids: torch.Tensor | None = None,
+    dtype: torch.dtype = torch.float32,
+):
+    """`attention_mask_for` from expiries already computed (the trainer reuses them for its loss)."""
+    _check_backend(backend)
+    exp = _rows(expiry_values)
     if backend == "flex_attention":
-        return block_mask(ids, tokens, policy, docs, device=ids.device)
-    dense = dense_mask(ids, tokens, policy, docs).unsqueeze(1)
+        return block_mask_from_expiry(exp, document_ids, exp.device)
+    dense = dense_mask_from_expiry(exp, _rows(document_ids) if document_ids is not None else None).unsqueeze(
+        1
+    )
     return dense if backend == "sdpa" else additive_mask(dense, dtype)
 
 

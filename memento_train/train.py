@@ -24,7 +24,7 @@ from .config import TrainConfig, to_dict
 from .data import PAD_DOCUMENT, MementoCollator, RowsDataset, packed_rows, tokenized_dataset
 from .format import MementoTokens
 from .losses import completion_ce, restricted_positions, retention_kl
-from .masking import MaskPolicy, attention_mask_for, expiry
+from .masking import NEVER, MaskPolicy, expiry, mask_from_expiry
 
 log = logging.getLogger("memento_train")
 
@@ -48,31 +48,27 @@ class MementoTrainer(Trainer):
         self._last_log = time.perf_counter()
         self._tokens_since_log = 0
 
-    def _mask(self, ids: torch.Tensor, docs: torch.Tensor, policy: MaskPolicy | None, dtype: torch.dtype):
-        return attention_mask_for(self.backend, ids, self.tokens, policy, docs, dtype=dtype)
-
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         ids, labels = inputs["input_ids"], inputs["labels"]
         positions, docs = inputs["position_ids"], inputs["document_ids"]
         dtype = next(model.parameters()).dtype
-        outputs = model(
-            input_ids=ids, attention_mask=self._mask(ids, docs, self.policy, dtype), position_ids=positions
-        )
+        exp = expiry(
+            ids, self.tokens, self.policy, docs
+        )  # once: the mask and the retention positions share it
+        mask = mask_from_expiry(self.backend, exp, docs, dtype)
+        outputs = model(input_ids=ids, attention_mask=mask, position_ids=positions)
         ce = completion_ce(outputs.logits, labels, num_items_in_batch)
         loss = ce
         real = docs != PAD_DOCUMENT
-        restricted = None
-        if self.policy is not None:
-            restricted = restricted_positions(expiry(ids, self.tokens, self.policy, docs), docs)
+        restricted = restricted_positions(exp, docs) if self.policy is not None else None
         weight = self.memento.retention.weight
         if restricted is not None and weight > 0:
             teacher = self.teacher if self.teacher is not None else model
+            causal = mask_from_expiry(self.backend, torch.full_like(exp, NEVER), docs, dtype)
             with torch.no_grad():
-                full = teacher(
-                    input_ids=ids, attention_mask=self._mask(ids, docs, None, dtype), position_ids=positions
-                )
-            kl, _ = retention_kl(outputs.logits, full.logits.detach(), labels, restricted,
-                                 self.memento.retention.temperature)  # fmt: skip
+                full = teacher(input_ids=ids, attention_mask=causal, position_ids=positions)
+            temperature = self.memento.retention.temperature
+            kl, _ = retention_kl(outputs.logits, full.logits.detach(), labels, restricted, temperature)
             loss = ce + weight * kl
             self._metrics["retention_kl"].append(kl.item())
         completion = labels != -100
