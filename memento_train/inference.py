@@ -201,6 +201,14 @@ def teacher_forced_logits(model: Any, tokens: MementoTokens, ids: torch.Tensor, 
     return torch.cat(pieces, 1), decoder.stats
 
 
+def _open_block_length(ids: list[int], tokens: MementoTokens) -> int:
+    starts = [i for i, t in enumerate(ids) if t == tokens.block_start]
+    ends = [i for i, t in enumerate(ids) if t == tokens.block_end]
+    if not starts or (ends and ends[-1] > starts[-1]):
+        return -1
+    return len(ids) - starts[-1] - 1
+
+
 @dataclass
 class Generation:
     ids: list[list[int]]  # generated tokens per row (prompt excluded)
@@ -224,7 +232,7 @@ def generate(model: Any, tokens: MementoTokens, prompts: list[list[int]], policy
     logits = decoder.step(ids, valid)[:, -1]
     out: list[list[int]] = [[] for _ in range(batch)]
     done = [False] * batch
-    in_block = [-1] * batch  # tokens generated inside the current block, -1 when outside one
+    in_block = [_open_block_length(p, tokens) for p in prompts]  # tokens inside the open block, -1 if none
     forced = [0] * batch
     for _ in range(max_new_tokens):
         next_ids = logits.argmax(-1)
