@@ -43,6 +43,82 @@ def add_train_parsers(sub: Any) -> None:
     p.add_argument("adapter")
     p.add_argument("--output", required=True)
     p.set_defaults(func=cmd_merge)
+    add_eval_parsers(sub)
+
+
+def add_eval_parsers(sub: Any) -> None:
+    p = sub.add_parser("eval", help="generate in full/memento/restart modes, score answers, account KV, plot")
+    p.add_argument("--model", required=True, help="a checkpoint trained with memento-train")
+    p.add_argument("--data", required=True, help="samples.jsonl (problem + meta.reference_answer or answer)")
+    p.add_argument("--modes", default="full,memento,restart")
+    p.add_argument("--samples", type=int, help="evaluate the first k items")
+    p.add_argument("--output", default="outputs/eval")
+    p.add_argument("--max-new-tokens", type=int, default=1024)
+    p.add_argument("--max-block-tokens", type=int, help="force <|block_end|> after this many block tokens")
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument(
+        "--sympy", action="store_true", help="also accept answers sympy proves equal (2 s timeout)"
+    )
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("replay", help="offline KV accounting of finished traces (no model needed)")
+    p.add_argument("files", nargs="+", help="JSONL samples or official example JSONs")
+    p.add_argument("--tokenizer", help="HF tokenizer (default: a BPE trained on each trace)")
+    p.add_argument("--gguf-file")
+    p.add_argument("--model-config", help="a model dir/name whose config gives KV bytes per token")
+    p.add_argument("--keep-last-n-blocks", type=int, default=0)
+    p.add_argument("--mask-delimiters", action="store_true")
+    p.add_argument("--answer-sees-last-block", action="store_true")
+    p.add_argument("--json", action="store_true", help="one JSON object per trace")
+    p.set_defaults(func=cmd_replay)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from .evaluate import evaluate
+
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    summary = evaluate(args.model, args.data, modes, args.output, args.samples, args.max_new_tokens,
+                       args.max_block_tokens, args.batch_size, args.sympy, not args.no_progress)  # fmt: skip
+    for warning in summary["warnings"]:
+        print(f"warning: {warning}", file=sys.stderr)
+    print("| mode | accuracy | ± | unparseable | peak KV tokens | KV AUC | tokens/s | blocks | compression |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for mode, m in summary["modes"].items():
+        comp = f"{m['compression']:.3f}" if m["compression"] is not None else "-"
+        print(
+            f"| {mode} | {m['accuracy']:.3f} | {m['stderr']:.3f} | {m['unparseable']} | {m['peak_kv_tokens']:.0f} "
+            f"| {m['kv_auc']:.0f} | {m['tokens_per_s']:.1f} | {m['blocks_per_answer']:.1f} | {comp} |"
+        )
+    print(f"summary: {Path(args.output) / 'summary.json'}; plots: kv_curve.png, modes.png")
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from .cli import _load_tokenizer
+    from .evaluate import replay
+    from .format import load_samples
+    from .masking import MaskPolicy
+
+    policy = MaskPolicy(args.keep_last_n_blocks, args.mask_delimiters, args.answer_sees_last_block)
+    config = None
+    if args.model_config:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(args.model_config)
+    for path in args.files:
+        first = load_samples(path)[0]
+        tokenizer = _load_tokenizer(args.tokenizer, args.gguf_file, first)
+        for entry in replay(path, tokenizer, policy, config):
+            if args.json:
+                print(json.dumps(entry))
+            else:
+                print(
+                    f"{entry['file']}[{entry['index']}]: {entry['tokens']} tokens, {entry['blocks']} blocks, "
+                    f"peak KV {entry['peak_kv_memento']}/{entry['peak_kv_full']} = {entry['peak_kv_ratio']:.3f}, "
+                    f"AUC ratio {entry['auc_ratio']:.3f}"
+                )
+    return 0
 
 
 def cmd_train(args: argparse.Namespace) -> int:

@@ -49,3 +49,36 @@ def test_smollm2_stage2_lora_step_save_merge_reload(tmp_path):
     )
     with torch.no_grad():
         torch.testing.assert_close(merged(input_ids=ids).logits, reloaded(input_ids=ids).logits)
+
+
+def test_smollm2_eviction_matches_the_dense_stage2_forward():
+    """The central check on a real model and a real trace (the first two blocks of the official
+    example_response.json, shortened so the CPU decodes it in seconds)."""
+    import json
+
+    from test_format import SHARED
+
+    from memento_train.config import ModelConfig
+    from memento_train.format import Sample, sample_from_record
+    from memento_train.inference import teacher_forced_logits
+    from memento_train.masking import MaskPolicy, dense_mask
+    from memento_train.modeling import load_model_and_tokenizer
+    from memento_train.tokens import render_chat
+
+    if not (SHARED / "example_response.json").exists():
+        pytest.skip(f"real examples not found at {SHARED}")
+    record = sample_from_record(json.loads((SHARED / "example_response.json").read_text()))
+    short = Sample(record.problem, [" ".join(b.split()[:60]) for b in record.blocks[:2]], record.mementos[:2],
+                   "The answer is \\boxed{504}.")  # fmt: skip
+    cfg = ModelConfig(name_or_path=str(MODEL_DIR), gguf_file=GGUF, attn_implementation="sdpa")
+    model, tokenizer, tokens = load_model_and_tokenizer(cfg)
+    model.eval()
+    prompt, completion = render_chat(short, tokenizer)
+    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    ids = torch.tensor([prompt_ids + tokenizer(completion, add_special_tokens=False)["input_ids"]])
+    for policy in (MaskPolicy(), MaskPolicy(answer_sees_last_block=True)):
+        decoded, stats = teacher_forced_logits(model, tokens, ids, policy, prefill=len(prompt_ids))
+        with torch.no_grad():
+            dense = model(input_ids=ids, attention_mask=dense_mask(ids, tokens, policy)[:, None]).logits
+        torch.testing.assert_close(decoded, dense, atol=1e-4, rtol=1e-4)
+        assert stats.peak() < ids.shape[1], "eviction actually happened"
