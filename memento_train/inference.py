@@ -31,6 +31,7 @@ class KVStats:
     lengths: list[list[int]] = field(default_factory=list)  # [row][step] entries attended at that step
     seconds: float = 0.0
     evict_seconds: float = 0.0
+    evicted: int = 0  # cache entries dropped
     new_tokens: int = 0
 
     def peak(self, row: int = 0) -> int:
@@ -81,6 +82,7 @@ class EvictingDecoder:
         if keep.all():
             return
         start = time.perf_counter()
+        self.stats.evicted += int((~keep & (self.slot_pos >= 0)).sum())
         counts = keep.sum(1)
         width = int(counts.max()) if counts.numel() else 0
         order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)[
