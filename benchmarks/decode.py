@@ -32,8 +32,16 @@ def structured(length: int, steps: int, seed: int = 0) -> tuple[list[int], int]:
     rng = random.Random(seed)
     ids = [rng.randrange(10, 500) for _ in range(100)] + [TOK.think_start]
     while len(ids) < length + 2 * steps + 400:
-        ids += [TOK.block_start] + [rng.randrange(10, 500) for _ in range(rng.randint(250, 350))] + [TOK.block_end]
-        ids += [TOK.summary_start] + [rng.randrange(10, 500) for _ in range(rng.randint(40, 60))] + [TOK.summary_end]
+        ids += (
+            [TOK.block_start]
+            + [rng.randrange(10, 500) for _ in range(rng.randint(250, 350))]
+            + [TOK.block_end]
+        )
+        ids += (
+            [TOK.summary_start]
+            + [rng.randrange(10, 500) for _ in range(rng.randint(40, 60))]
+            + [TOK.summary_end]
+        )
     close = min(i for i, t in enumerate(ids) if t == TOK.summary_end and i >= length + steps // 2)
     prefill = close - steps // 2
     return ids[: prefill + steps], prefill
@@ -48,8 +56,12 @@ def run(model, ids: list[int], length: int, steps: int, mode: str) -> dict[str, 
     for t in range(length, length + steps):
         decoder.step(tensor[:, t : t + 1])
     elapsed = time.perf_counter() - start
-    return {"tps": steps / elapsed, "evict": decoder.stats.evict_seconds / elapsed, "kv": decoder.stats.lengths[0][-1],
-            "evicted": decoder.stats.evicted}
+    return {
+        "tps": steps / elapsed,
+        "evict": decoder.stats.evict_seconds / elapsed,
+        "kv": decoder.stats.lengths[0][-1],
+        "evicted": decoder.stats.evicted,
+    }
 
 
 def tracker_share(ids: list[int], length: int, steps: int, seconds_per_step: float) -> float:
@@ -66,7 +78,9 @@ def tracker_share(ids: list[int], length: int, steps: int, seconds_per_step: flo
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096, 8192])
     parser.add_argument("--steps", type=int, default=64)
     args = parser.parse_args()
@@ -75,21 +89,29 @@ def main() -> None:
                          num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=16384)  # fmt: skip
     config._attn_implementation = "sdpa"
     model = LlamaForCausalLM(config).eval()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; tiny Llama (hidden 256, 4 layers, fp32), "
-          f"{args.steps} decode steps after a prefill of each context, median of 3 runs")
-    print("\n| context | full tokens/s | memento tokens/s | memento / full | KV attended full / memento "
-          "| entries evicted in the window | eviction share of decode time | expiry tracking share |")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads; tiny Llama (hidden 256, 4 layers, fp32), "
+        f"{args.steps} decode steps after a prefill of each context, median of 3 runs"
+    )
+    print(
+        "\n| context | full tokens/s | memento tokens/s | memento / full | KV attended full / memento "
+        "| entries evicted in the window | eviction share of decode time | expiry tracking share |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for length in args.contexts:
         ids, prefill = structured(length, args.steps)
         results = {}
         for mode in ("full", "memento"):
-            runs = sorted((run(model, ids, prefill, args.steps, mode) for _ in range(3)), key=lambda r: r["tps"])
+            runs = sorted(
+                (run(model, ids, prefill, args.steps, mode) for _ in range(3)), key=lambda r: r["tps"]
+            )
             results[mode] = runs[1]
         full, memento = results["full"], results["memento"]
         tracking = tracker_share(ids, prefill, args.steps, 1 / memento["tps"])
-        print(f"| {prefill:,} | {full['tps']:.1f} | {memento['tps']:.1f} | {memento['tps'] / full['tps']:.2f} "
-              f"| {full['kv']:,} / {memento['kv']:,} | {memento['evicted']} | {memento['evict']:.2%} | {tracking:.2%} |")
+        print(
+            f"| {prefill:,} | {full['tps']:.1f} | {memento['tps']:.1f} | {memento['tps'] / full['tps']:.2f} "
+            f"| {full['kv']:,} / {memento['kv']:,} | {memento['evicted']} | {memento['evict']:.2%} | {tracking:.2%} |"
+        )
 
 
 if __name__ == "__main__":

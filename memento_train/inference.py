@@ -261,3 +261,89 @@ def generate(model: Any, tokens: MementoTokens, prompts: list[list[int]], policy
             break
         logits = decoder.step(next_ids[:, None], step_valid[:, None])[:, -1]
     return Generation(out, decoder.stats, forced)
+
+
+class EvictingCache:
+    """For `model.generate()` at batch size 1: a DynamicCache whose layers drop expired entries.
+
+    Use through `generate_hf()`. A stopping criterion feeds each new token to the expiry tracker
+    (it runs after the token is chosen, before its forward); the keys that expire at that token's
+    position are dropped at the next cache update, before its query is computed. generate() derives
+    positions from its all-ones 2D attention mask, so RoPE keeps the original positions.
+    """
+
+    def __new__(cls, tokens: MementoTokens, policy: MaskPolicy | None = None):
+        from transformers import DynamicCache
+
+        class _EvictingCache(DynamicCache):
+            def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+                keep = self.pending_keep
+                if (
+                    keep is not None
+                    and layer_idx < len(self.layers)
+                    and self.layers[layer_idx].is_initialized
+                ):
+                    start = time.perf_counter()
+                    layer = self.layers[layer_idx]
+                    layer.keys, layer.values = layer.keys[:, :, keep], layer.values[:, :, keep]
+                    if layer_idx == 0:
+                        flags = keep.tolist()
+                        self.slot_pos = [p for p, k in zip(self.slot_pos, flags, strict=True) if k]
+                        self.slot_exp = [e for e, k in zip(self.slot_exp, flags, strict=True) if k]
+                    if layer_idx == len(self.layers) - 1:
+                        self.pending_keep = None
+                    self.evict_seconds += time.perf_counter() - start
+                if layer_idx == 0:
+                    n = key_states.shape[-2]
+                    self.slot_pos += list(range(self.next_pos, self.next_pos + n))
+                    self.slot_exp += [NEVER] * n
+                    self.next_pos += n
+                    self.lengths.append(len(self.slot_pos))
+                return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+        cache = _EvictingCache()
+        cache.tracker = ExpiryTracker(tokens, policy or MaskPolicy())
+        cache.slot_pos, cache.slot_exp, cache.next_pos = [], [], 0
+        cache.pending_keep, cache.fed, cache.evict_seconds = None, 0, 0.0
+        cache.lengths = []
+        return cache
+
+
+def _feed(cache: Any, token_ids: list[int]) -> None:
+    """Feed tokens to the cache's tracker; schedule dropping keys whose expiry is <= the last one fed."""
+    for token in token_ids:
+        for lo, hi, exp in cache.tracker.feed(token):
+            cache.slot_exp = [
+                exp if lo <= p < hi else e for p, e in zip(cache.slot_pos, cache.slot_exp, strict=True)
+            ]
+        cache.fed += 1
+    now = cache.fed - 1  # position of the last token fed: its query must not see keys expiring there
+    keep = torch.tensor([e > now for e in cache.slot_exp], dtype=torch.bool)
+    if not keep.all():
+        cache.pending_keep = keep
+
+
+def generate_hf(model: Any, tokens: MementoTokens, prompt_ids: list[int], policy: MaskPolicy | None = None,
+                max_new_tokens: int = 256, **generate_kwargs) -> tuple[Any, Any]:  # fmt: skip
+    """`model.generate()` with eviction, at batch size 1. Returns (generate's output, the cache)."""
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    probe = ExpiryTracker(tokens, policy or MaskPolicy())
+    if any(probe.feed(t) for t in prompt_ids):
+        raise ValueError(
+            "generate_hf prefills the prompt with causal attention: the prompt must not close a "
+            "memento (use EvictingDecoder / generate() for prompts that do)"
+        )
+    cache = EvictingCache(tokens, policy)
+    _feed(cache, prompt_ids)
+
+    class FeedTracker(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            _feed(cache, input_ids[0, cache.fed :].tolist())
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    ids = torch.tensor([prompt_ids], device=next(model.parameters()).device)
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), cache=cache,
+                         max_new_tokens=max_new_tokens, stopping_criteria=StoppingCriteriaList([FeedTracker()]),
+                         **generate_kwargs)  # fmt: skip
+    return out, cache

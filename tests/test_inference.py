@@ -103,3 +103,50 @@ def test_generate_with_block_cap_and_kv_accounting():
 def test_decoder_refuses_unsupported_settings():
     with pytest.raises(ValueError, match="mode must be one of"):
         EvictingDecoder(MODELS["llama"], TOK, mode="other")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize(
+    "policy",
+    [
+        MaskPolicy(),
+        MaskPolicy(keep_last_n_blocks=1),
+        MaskPolicy(mask_delimiters=True, answer_sees_last_block=True),
+    ],
+)
+def test_model_generate_with_the_evicting_cache_matches_dense(arch, policy):
+    """Inside `model.generate()` (batch 1): a scripted continuation with three blocks gives the same
+    logits as one dense forward with the stage-2 mask, while the physical cache shrinks."""
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    from memento_train.inference import generate_hf
+
+    model = MODELS[arch]
+    prompt = [10, 11, 12, 5]
+    script = [1, 20, 21, 22, 2, 3, 30, 31, 4, 1, 23, 24, 2, 3, 32, 4, 1, 25, 2, 3, 33, 4, 6, 40, 41]
+
+    class Script(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            forced = torch.full_like(scores, -1e9)
+            forced[:, script[input_ids.shape[1] - len(prompt)]] = 0
+            return forced
+
+    out, cache = generate_hf(model, TOK, prompt, policy, max_new_tokens=len(script), do_sample=False,
+                             eos_token_id=63, pad_token_id=0, logits_processor=LogitsProcessorList([Script()]),
+                             output_logits=True, return_dict_in_generate=True)  # fmt: skip
+    sequence = out.sequences
+    assert sequence[0].tolist() == prompt + script
+    with torch.no_grad():
+        dense = model(input_ids=sequence, attention_mask=dense_mask(sequence, TOK, policy)[:, None]).logits
+    torch.testing.assert_close(
+        torch.stack(out.logits, 1)[0], dense[0, len(prompt) - 1 : -1], atol=1e-4, rtol=1e-4
+    )
+    assert len(cache.slot_pos) < sequence.shape[1], "entries were physically evicted"
+    assert cache.layers[0].keys.shape[-2] == len(cache.slot_pos)
+
+
+def test_generate_hf_refuses_prompts_that_close_a_memento():
+    from memento_train.inference import generate_hf
+
+    with pytest.raises(ValueError, match="must not close a memento"):
+        generate_hf(MODELS["llama"], TOK, [10, 1, 20, 2, 3, 30, 4], MaskPolicy(), max_new_tokens=1)
