@@ -39,6 +39,7 @@ class SyntheticConfig:
     passcode_block: int | None = None  # 0-based block that hides a passcode
     passcode_choices: int = 10  # k-way passcode; chance = 1/k
     seed: int = 0
+    modulus: int | None = None  # keep every value modulo this (10: single digits, an easier task)
 
     def __post_init__(self) -> None:
         if not 1 <= self.n_vars <= len(VARIABLES):
@@ -51,7 +52,8 @@ class SyntheticConfig:
             raise ValueError(f"passcode_choices must be in 2..{len(PASSCODES)}")
 
 
-def _step(rng: random.Random, values: dict[str, int], names: str, max_value: int) -> tuple[str, str, str]:
+def _step(rng: random.Random, values: dict[str, int], names: str, max_value: int,
+          modulus: int | None = None) -> tuple[str, str, str]:  # fmt: skip
     """One update `x = expr`: returns (instruction, worked sentence, target variable)."""
     target = rng.choice(names)
     other = rng.choice(names)
@@ -72,6 +74,9 @@ def _step(rng: random.Random, values: dict[str, int], names: str, max_value: int
         c = rng.randint(1, max_value)
         new = old + c
         instruction, work = f"{target} = {target} + {c}", f"{target} = {old} + {c} = {new}"
+    if modulus:
+        new %= modulus
+        work = f"{work} = {new} (mod {modulus})" if new != int(work.rsplit("= ", 1)[1]) else work
     values[target] = new
     return instruction, work, target
 
@@ -88,7 +93,7 @@ def synthetic_sample(index: int, config: SyntheticConfig = SyntheticConfig()) ->
         sentences = [f"Now I apply steps {step_no + 1} to {step_no + config.steps_per_block}."]
         for _ in range(config.steps_per_block):
             step_no += 1
-            instruction, work, _ = _step(rng, values, names, config.max_value)
+            instruction, work, _ = _step(rng, values, names, config.max_value, config.modulus)
             instructions.append(f"{step_no}) {instruction}")
             sentences.append(f"Step {step_no}: {work}.")
             sentences += [rng.choice(FILLER) for _ in range(config.filler)]
@@ -102,11 +107,16 @@ def synthetic_sample(index: int, config: SyntheticConfig = SyntheticConfig()) ->
     # The question combines the first variable's final value with a value fixed in block 1.
     first, last = names[0], names[-1]
     answer_value = values[first] + values[last]
+    total = f"{answer_value}"
+    if config.modulus:
+        answer_value %= config.modulus
+        total = f"{total} = {answer_value} (mod {config.modulus})" if f"{answer_value}" != total else total
     problem = (
         f"Start with {start}. Apply these updates in order: {'; '.join(instructions)}. "
-        f"What is {first} + {last} at the end?"
+        f"What is {first} + {last}{f' modulo {config.modulus}' if config.modulus else ''} at the end?"
     )
-    answer = f"At the end {first} = {values[first]} and {last} = {values[last]}, so {first} + {last} = {answer_value}.\n\nFinal Answer: \\boxed{{{answer_value}}}"
+    answer = (f"At the end {first} = {values[first]} and {last} = {values[last]}, so {first} + {last} = "
+              f"{total}.\n\nFinal Answer: \\boxed{{{answer_value}}}")  # fmt: skip
     meta = {
         "id": f"synthetic-{config.seed}-{index}",
         "source": "synthetic",

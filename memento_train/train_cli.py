@@ -44,6 +44,7 @@ def add_train_parsers(sub: Any) -> None:
     p.add_argument("--output", required=True)
     p.set_defaults(func=cmd_merge)
     add_eval_parsers(sub)
+    add_quickstart_parser(sub)
 
 
 def add_eval_parsers(sub: Any) -> None:
@@ -72,6 +73,24 @@ def add_eval_parsers(sub: Any) -> None:
     p.add_argument("--answer-sees-last-block", action="store_true")
     p.add_argument("--json", action="store_true", help="one JSON object per trace")
     p.set_defaults(func=cmd_replay)
+
+
+def add_quickstart_parser(sub: Any) -> None:
+    p = sub.add_parser("quickstart", help="the whole loop on a CPU: synthetic data, stage 1, stage 2, eval")
+    p.add_argument("--output", default="outputs/quickstart")
+    p.add_argument("--fast", action="store_true", help="a 1-minute smoke run (CI); numbers mean little")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_quickstart)
+
+
+def cmd_quickstart(args: argparse.Namespace) -> int:
+    from .quickstart import print_report, quickstart
+
+    report = quickstart(args.output, args.fast, args.seed, not args.no_progress)
+    print_report(report)
+    print(f"report: {Path(args.output) / 'report.json'}; plots: {', '.join(report['plots'])}")
+    return 0
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
