@@ -120,7 +120,7 @@ def quickstart(output: str | Path = "outputs/quickstart", fast: bool = False, se
             "train_samples": size.train,
             "eval_samples": size.eval,
             "seed": seed,
-        },  # fmt: skip
+        },
         "seconds": {**timings, "total": round(time.perf_counter() - started, 1)},
         "plots": [str(output / "eval" / "kv_curve.png"), str(output / "eval" / "modes.png")],
     }

@@ -45,6 +45,7 @@ def add_train_parsers(sub: Any) -> None:
     p.set_defaults(func=cmd_merge)
     add_eval_parsers(sub)
     add_quickstart_parser(sub)
+    add_probe_parser(sub)
 
 
 def add_eval_parsers(sub: Any) -> None:
@@ -82,6 +83,33 @@ def add_quickstart_parser(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_quickstart)
+
+
+def add_probe_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "probe", help="passcode probe: what a memento's KV carries beyond its text (paper §6.2)"
+    )
+    p.add_argument("--model", required=True, help="a stage-2 checkpoint")
+    p.add_argument("--output", default="outputs/probe")
+    p.add_argument("--n", type=int, default=400, help="synthetic traces (70% train the probe, 30% score it)")
+    p.add_argument("--choices", type=int, default=10, help="k-way passcode; chance = 1/k")
+    p.add_argument("--layer", type=int, help="layer whose K||V is probed (default: the middle one)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_probe)
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    from .probe import run_probe
+
+    report = run_probe(args.model, args.output, args.n, args.choices, args.layer, args.seed)
+    print(
+        f"| probe (layer {report['layer']}, {args.choices}-way, chance {report['chance']:.2f}) | accuracy | 95% CI |"
+    )
+    print("|---|---|---|")
+    for name, r in report["probes"].items():
+        print(f"| {name} | {r['accuracy']:.3f} | {r['ci95'][0]:.3f}-{r['ci95'][1]:.3f} |")
+    print(f"report: {Path(args.output) / 'probe.json'}, plot: {Path(args.output) / 'probe.png'}")
+    return 0
 
 
 def cmd_quickstart(args: argparse.Namespace) -> int:
