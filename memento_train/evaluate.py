@@ -189,8 +189,8 @@ def evaluate(checkpoint: str | Path, data: str | Path, modes: list[str], output:
                 for row, index in enumerate(batch):
                     ids = result.ids[row]
                     text = tokenizer.decode(ids, skip_special_tokens=False)
-                    answer_text = text.split("</think>")[-1]
-                    predicted = extract_answer(answer_text)
+                    # no </think>: the reasoning never ended, so there is no answer (unparseable, wrong)
+                    predicted = extract_answer(text.split("</think>")[-1]) if "</think>" in text else None
                     blocks = ids.count(tokens.block_start)
                     lengths = result.stats.lengths[row]
                     record = {
@@ -254,8 +254,9 @@ def plot_kv(curves: dict[str, list[int]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4))
+    styles = {"full": "-", "memento": "-", "restart": ":"}  # restart overlaps memento: dotted on top
     for mode, lengths in curves.items():
-        ax.plot(range(len(lengths)), lengths, label=mode, linewidth=1.2)
+        ax.plot(range(len(lengths)), lengths, styles.get(mode, "-"), label=mode, linewidth=1.6)
     ax.set_xlabel("decoding step")
     ax.set_ylabel("KV entries attended")
     ax.set_title("KV cache size while decoding (first item)")

@@ -32,14 +32,14 @@ class QuickstartSize:
 
 
 SIZES = {
-    "fast": QuickstartSize(train=48, eval=6, stage1_steps=12, stage2_steps=8, batch=4, max_new_tokens=160,
+    "fast": QuickstartSize(train=48, eval=6, stage1_steps=12, stage2_steps=8, batch=4, max_new_tokens=120,
                            model={"arch": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
                                   "num_attention_heads": 4, "num_key_value_heads": 2}),
-    "default": QuickstartSize(train=2000, eval=60, stage1_steps=900, stage2_steps=300, batch=16, max_new_tokens=200,
+    "default": QuickstartSize(train=2000, eval=40, stage1_steps=700, stage2_steps=250, batch=8, max_new_tokens=900,
                               model={"arch": "llama", "hidden_size": 128, "intermediate_size": 384,
                                      "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2}),
 }  # fmt: skip
-TASK = SyntheticConfig(n_blocks=3, steps_per_block=2, n_vars=2, max_value=9, filler=0, modulus=10)
+TASK = SyntheticConfig(n_blocks=5, steps_per_block=2, n_vars=2, max_value=9, filler=1, modulus=10)
 
 
 def _config(output: Path, data: Path, stage: int, size: QuickstartSize, seed: int) -> dict[str, Any]:
@@ -51,7 +51,7 @@ def _config(output: Path, data: Path, stage: int, size: QuickstartSize, seed: in
         "model": {"tiny": size.model, "attn_implementation": "sdpa", "dtype": "float32"},
         "data": {
             "train_files": [str(data)],
-            "max_seq_len": 512,
+            "max_seq_len": 1024,
             "packing": True,
             "tokenizer_corpus_size": 384,
         },
@@ -100,7 +100,7 @@ def quickstart(output: str | Path = "outputs/quickstart", fast: bool = False, se
     stage2 = timed("stage2", run_training, config_from_dict(_config(output, train_file, 2, size, seed)))
     summary = timed("eval", evaluate, output / "stage2", output / "data" / "eval" / "samples.jsonl",
                     ["full", "memento", "restart"], output / "eval", max_new_tokens=size.max_new_tokens,
-                    batch_size=8, progress=progress)  # fmt: skip
+                    batch_size=20, progress=progress)  # fmt: skip
     modes = summary["modes"]
     full, memento, restart = modes["full"], modes["memento"], modes["restart"]
     report = {

@@ -13,7 +13,7 @@ def _commands() -> list[str]:
 def test_readme_has_exactly_two_commands_at_the_top():
     commands = _commands()
     assert len(commands) == 2
-    assert commands[0].endswith("memento-train demo")
+    assert commands[0].endswith("memento-train quickstart")
     assert commands[1].endswith("pytest -q")
     text = (ROOT / "README.md").read_text()
     assert text.index(commands[1]) < text.index("## The visibility rule")
