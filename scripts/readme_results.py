@@ -32,6 +32,7 @@ def table(quickstart: dict, probe: dict, quickstart_dir: str, probe_dir: str) ->
           f"on {cfg['train_samples']} synthetic tasks ({cfg['stage1_steps']} + {cfg['stage2_steps']} steps), "
           f"{cfg['eval_samples']} held-out tasks")  # fmt: skip
     ratio = memento["peak_kv_tokens"] / max(full["peak_kv_tokens"], 1)
+    compression = f"{memento['compression']:.3f}" if memento["compression"] is not None else "-"
     probes = probe["probes"]
 
     def acc(m: dict) -> str:
@@ -48,8 +49,11 @@ def table(quickstart: dict, probe: dict, quickstart_dir: str, probe_dir: str) ->
          "0.32-0.47 (peak-KV ratio on its benchmarks)"),
         ("restart accuracy drop vs memento", f"{memento['accuracy'] - restart['accuracy']:+.3f}",
          "a measurable drop (dual information stream)"),
+        ("unparseable answers (no `</think>` within the budget), full / memento / restart",
+         f"{full['unparseable']} / {memento['unparseable']} / {restart['unparseable']} of {full['n']}",
+         "- (the stage-2 model, decoded without eviction, is off its training distribution)"),
         ("blocks per answer, compression (memento / block tokens)",
-         f"{memento['blocks_per_answer']:.2f}, {memento['compression'] if memento['compression'] is not None else '-'}", "-"),
+         f"{memento['blocks_per_answer']:.2f}, {compression}", "-"),
         (f"probe M1 causal control ({probe['choices']}-way, chance {probe['chance']:.2f})", pr("M1_causal_control"),
          "chance"),
         ("probe M2 direct (memento 2 saw the passcode)", pr("M2_direct"), "≈ 0.65 (toy model, 10-way)"),
