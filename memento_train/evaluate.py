@@ -214,6 +214,18 @@ def evaluate(checkpoint: str | Path, data: str | Path, modes: list[str], output:
     return summary
 
 
+def modes_table(modes: dict[str, dict[str, Any]]) -> str:
+    """The per-mode summary as a markdown table (eval and quickstart print it)."""
+    lines = ["| mode | accuracy | ± | unparseable | peak KV tokens | KV AUC | tokens/s | blocks | compression |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for mode, m in modes.items():
+        comp = f"{m['compression']:.3f}" if m["compression"] is not None else "-"
+        lines.append(f"| {mode} | {m['accuracy']:.3f} | {m['stderr']:.3f} | {m['unparseable']} "
+                     f"| {m['peak_kv_tokens']:.0f} | {m['kv_auc']:.0f} | {m['tokens_per_s']:.1f} "
+                     f"| {m['blocks_per_answer']:.2f} | {comp} |")  # fmt: skip
+    return "\n".join(lines)
+
+
 def _compression(ids: list[int], tokens: MementoTokens) -> float | None:
     block = memento = 0
     state = None

@@ -16,7 +16,7 @@ from data_builders.build import BuildConfig, run_build
 from data_builders.synthetic import SyntheticConfig, synthetic_samples
 
 from .config import config_from_dict
-from .evaluate import evaluate
+from .evaluate import evaluate, modes_table
 from .train import run_training
 
 
@@ -129,14 +129,7 @@ def quickstart(output: str | Path = "outputs/quickstart", fast: bool = False, se
 
 
 def print_report(report: dict[str, Any]) -> None:
-    print("\n| mode | accuracy | ± | peak KV tokens | KV AUC | tokens/s | blocks per answer | compression |")
-    print("|---|---|---|---|---|---|---|---|")
-    for mode, m in report["modes"].items():
-        comp = f"{m['compression']:.3f}" if m["compression"] is not None else "-"
-        print(
-            f"| {mode} | {m['accuracy']:.3f} | {m['stderr']:.3f} | {m['peak_kv_tokens']:.0f} | {m['kv_auc']:.0f} "
-            f"| {m['tokens_per_s']:.1f} | {m['blocks_per_answer']:.2f} | {comp} |"
-        )
+    print("\n" + modes_table(report["modes"]))
     t = report["targets"]
     stage1, stage2 = report["training"]["stage1"], report["training"]["stage2"]
     print(

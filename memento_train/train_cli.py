@@ -122,21 +122,14 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from .evaluate import evaluate
+    from .evaluate import evaluate, modes_table
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     summary = evaluate(args.model, args.data, modes, args.output, args.samples, args.max_new_tokens,
                        args.max_block_tokens, args.batch_size, args.sympy, not args.no_progress)  # fmt: skip
     for warning in summary["warnings"]:
         print(f"warning: {warning}", file=sys.stderr)
-    print("| mode | accuracy | ± | unparseable | peak KV tokens | KV AUC | tokens/s | blocks | compression |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for mode, m in summary["modes"].items():
-        comp = f"{m['compression']:.3f}" if m["compression"] is not None else "-"
-        print(
-            f"| {mode} | {m['accuracy']:.3f} | {m['stderr']:.3f} | {m['unparseable']} | {m['peak_kv_tokens']:.0f} "
-            f"| {m['kv_auc']:.0f} | {m['tokens_per_s']:.1f} | {m['blocks_per_answer']:.1f} | {comp} |"
-        )
+    print(modes_table(summary["modes"]))
     print(f"summary: {Path(args.output) / 'summary.json'}; plots: kv_curve.png, modes.png")
     return 0
 

@@ -18,18 +18,23 @@ from memento_train.hub import block_masking_config, push, write_serving_files
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_two_cpu_processes_with_torchrun(tmp_path):
-    data = write_samples(tmp_path / "data.jsonl", 12)
-    config = tiny_config(tmp_path, data, 1, training={"max_steps": 3, "logging_steps": 1})
-    path = tmp_path / "config.yaml"
+def _torchrun(tmp_path, config, processes: int, **env):
+    """scripts/train.py under torchrun, as a user launches it."""
     import yaml
 
+    path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(to_dict(config)))
     torchrun = Path(sys.executable).with_name("torchrun")
-    env = {**os.environ, "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([str(torchrun), "--nproc_per_node", "2", str(ROOT / "scripts" / "train.py"),
-                             "--config", str(path)], capture_output=True, text=True, env=env, cwd=tmp_path)  # fmt: skip
+    result = subprocess.run([str(torchrun), "--nproc_per_node", str(processes), str(ROOT / "scripts" / "train.py"),
+                             "--config", str(path)], capture_output=True, text=True, cwd=tmp_path,
+                            env={**os.environ, "WANDB_MODE": "offline", **env})  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_two_cpu_processes_with_torchrun(tmp_path):
+    data = write_samples(tmp_path / "data.jsonl", 12)
+    _torchrun(tmp_path, tiny_config(tmp_path, data, 1, training={"max_steps": 3, "logging_steps": 1}), 2,
+              OMP_NUM_THREADS="1")  # fmt: skip
     report = json.loads((tmp_path / "stage1" / "memento_train_report.json").read_text())
     assert len(report["log"]) == 3
     state = report["train"]
@@ -116,14 +121,6 @@ def test_deepspeed_zero2_step_on_cpu(tmp_path):
     data = write_samples(tmp_path / "data.jsonl", 6)
     config = tiny_config(tmp_path, data, 2, training={"max_steps": 2, "logging_steps": 1,
                                                       "deepspeed": str(ROOT / "configs" / "deepspeed" / "zero2.json")})  # fmt: skip
-    path = tmp_path / "config.yaml"
-    import yaml
-
-    path.write_text(yaml.safe_dump(to_dict(config)))
-    torchrun = Path(sys.executable).with_name("torchrun")
-    env = {**os.environ, "WANDB_MODE": "offline", "DS_ACCELERATOR": "cpu"}
-    result = subprocess.run([str(torchrun), "--nproc_per_node", "1", str(ROOT / "scripts" / "train.py"),
-                             "--config", str(path)], capture_output=True, text=True, env=env, cwd=tmp_path)  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
+    _torchrun(tmp_path, config, 1, DS_ACCELERATOR="cpu")
     report = json.loads((tmp_path / "stage2" / "memento_train_report.json").read_text())
     assert len(report["log"]) == 2 and all(e["loss"] > 0 for e in report["log"])
