@@ -32,6 +32,9 @@ from memento_train.data import MementoCollator, best_fit_decreasing, packed_rows
 from memento_train.masking import MaskPolicy, block_mask, dense_mask
 from memento_train.train import build_trainer
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mask_memory import TOK, openmementos_row  # the same OpenMementos-shaped rows as that benchmark
+
 MODEL = {"arch": "llama", "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4,
          "num_attention_heads": 8, "num_key_value_heads": 4}  # fmt: skip
 
@@ -111,9 +114,6 @@ def packing_table(max_len: int, n: int = 2000, batch: int = 8) -> tuple[float, f
 
 
 def mask_bytes(seq_len: int) -> tuple[int, int, int]:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from mask_memory import TOK, openmementos_row
-
     ids, docs = openmementos_row(seq_len)
     ids, docs = ids[None], docs[None]
     dense = dense_mask(ids, TOK, MaskPolicy(), docs)
@@ -131,9 +131,6 @@ def gpu_flex_vs_dense(steps: int = 5) -> list[str]:
     if not torch.cuda.is_available():
         return ["no CUDA device here: flex vs dense stage-2 steps at 4K and 16K not measured"]
     from transformers import LlamaConfig, LlamaForCausalLM
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from mask_memory import TOK, openmementos_row
 
     lines = [
         "| S | dense SDPA step | flex step | flex / dense | dense peak GiB | flex peak GiB |",
