@@ -210,18 +210,29 @@ SCORER_SYSTEM = (
 )
 
 
-def _scores_validator(expected: int) -> Callable[[Any], str | None]:
+def _list_validator(key: str, expected: int, item_ok: Callable[[Any], bool], item_rule: str):
+    """Validates {key: [exactly `expected` items, each item_ok]}; returns the problem, or None."""
+
     def validate(value: Any) -> str | None:
-        scores = value.get("scores") if isinstance(value, dict) else None
-        if not isinstance(scores, list):
-            return 'expected {"scores": [...]}'
-        if len(scores) != expected:
-            return f"expected exactly {expected} scores, got {len(scores)}"
-        if not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= MAX_SCORE for s in scores):
-            return f"every score must be an integer from 0 to {MAX_SCORE}"
+        items = value.get(key) if isinstance(value, dict) else None
+        if not isinstance(items, list):
+            return f'expected {{"{key}": [...]}}'
+        if len(items) != expected:
+            return f"expected exactly {expected} {key}, got {len(items)}"
+        if not all(item_ok(item) for item in items):
+            return item_rule
         return None
 
     return validate
+
+
+def _scores_validator(expected: int) -> Callable[[Any], str | None]:
+    return _list_validator(
+        "scores",
+        expected,
+        lambda s: isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= MAX_SCORE,
+        f"every score must be an integer from 0 to {MAX_SCORE}",
+    )
 
 
 class LLMScorer:
@@ -277,17 +288,8 @@ WRITER_SYSTEM = (
 
 
 def _mementos_validator(expected: int) -> Callable[[Any], str | None]:
-    def validate(value: Any) -> str | None:
-        items = value.get("mementos") if isinstance(value, dict) else None
-        if not isinstance(items, list):
-            return 'expected {"mementos": [...]}'
-        if len(items) != expected:
-            return f"expected exactly {expected} mementos, got {len(items)}"
-        if not all(isinstance(m, str) and m.strip() for m in items):
-            return "every memento must be a non-empty string"
-        return None
-
-    return validate
+    return _list_validator("mementos", expected, lambda m: isinstance(m, str) and bool(m.strip()),
+                           "every memento must be a non-empty string")  # fmt: skip
 
 
 def _judge_validator(value: Any) -> str | None:
